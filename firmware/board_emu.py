@@ -1,0 +1,305 @@
+# Emulated board for the MicroPython unix port: the same interface as board_esp32.
+#
+# It stands in for the physical world too: mains presence (a level, or a 50 Hz edge
+# train delivered to the pin's IRQ handler, as an AC optocoupler gives), the battery
+# voltage, and the WLAN. A control port takes newline-delimited JSON to change them.
+# Cutting the WLAN silences every open connection without closing it, as a dead radio
+# does, so the firmware's keepalive and the broker's last will are what notice.
+import asyncio
+import gc
+import json
+import os
+import sys
+import time
+
+EXIT_CONFIG = 2
+EXIT_RESET = 42
+EXIT_WDT = 43
+EHOSTUNREACH = 113
+ETIMEDOUT = 110
+HALF_CYCLE_MS = 10  # 50 Hz mains: the opto output falls once per half-cycle
+
+
+def _usage(msg):
+    print("# emu: " + msg)
+    print("# usage: emu_main.py --config FILE --control HOST:PORT --state DIR [--reset-cause CAUSE]")
+    sys.exit(EXIT_CONFIG)
+
+
+def _split_hostport(v):
+    i = v.rfind(":")
+    if i <= 0:
+        _usage("bad HOST:PORT %r" % v)
+    return v[:i], int(v[i + 1 :])
+
+
+def _write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(obj))
+    os.rename(tmp, path)
+
+
+def _read_json(path, default):
+    try:
+        with open(path) as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return default
+
+
+class _Input:
+    def __init__(self, level):
+        self.level = level
+        self.handler = None
+
+    def value(self):
+        return self.level
+
+    def irq(self, handler):
+        self.handler = handler
+
+
+class _Output:
+    def __init__(self, value):
+        self.level = value
+
+    def value(self, v=None):
+        if v is None:
+            return self.level
+        self.level = 1 if v else 0
+
+
+class _WDT:
+    def __init__(self, board, timeout_ms):
+        self.board = board
+        self.timeout = timeout_ms
+        self.fed = time.ticks_ms()
+
+    def feed(self):
+        self.fed = time.ticks_ms()
+
+
+class _Link:
+    """A real TCP stream that goes silent, not closed, when the emulated radio drops."""
+
+    def __init__(self, board, stream):
+        self.board = board
+        self.s = stream
+        self.cut = False
+        self._dead = asyncio.Event()
+
+    async def readexactly(self, n):
+        data = await self.s.readexactly(n)
+        if self.cut:
+            await self._dead.wait()
+            raise OSError(ETIMEDOUT)
+        return data
+
+    def write(self, data):
+        if not self.cut:
+            self.s.write(data)
+
+    async def drain(self):
+        if not self.cut:
+            await self.s.drain()
+
+    def close(self):
+        self._dead.set()
+        if self in self.board._links:
+            self.board._links.remove(self)
+        self.s.close()
+
+
+class Board:
+    name = "emu"
+
+    def __init__(self, argv):
+        opts = {}
+        i = 1
+        while i < len(argv):
+            a = argv[i]
+            if not a.startswith("--") or i + 1 >= len(argv):
+                _usage("bad argument %r" % a)
+            opts[a[2:]] = argv[i + 1]
+            i += 2
+        for k in ("config", "control", "state"):
+            if k not in opts:
+                _usage("--%s is required" % k)
+        self.config_path = opts["config"]
+        self.control = _split_hostport(opts["control"])
+        self.state_dir = opts["state"]
+        self._cause = opts.get("reset-cause", "power_on")
+        try:
+            os.mkdir(self.state_dir)
+        except OSError:
+            pass
+        self._world_path = self.state_dir + "/world.json"
+        self._nvs_path = self.state_dir + "/nvs.json"
+        # The physical world outlives a reboot of the chip; a rebooted board sees it as it was.
+        self.world = _read_json(self._world_path, {"mains": True, "battery_v": 4.1, "wlan": True})
+        self._nvs = _read_json(self._nvs_path, {})
+        self._inputs = {}
+        self._links = []
+        self._wdt = None
+        self._mains_cfg = None
+        self.app = None
+        self.ticks_ms = time.ticks_ms
+        self.ticks_diff = time.ticks_diff
+        self.heap_hwm = 0
+
+    # --- clock, identity, reset ---------------------------------------------------------
+
+    def now_unix(self):
+        return int(time.time())
+
+    def unique_id(self):
+        return "emu0"
+
+    def reset_cause(self):
+        return self._cause
+
+    def reset(self):
+        print("# emu: machine.reset()")
+        raise SystemExit(EXIT_RESET)
+
+    def halt(self, msg):
+        sys.exit(EXIT_CONFIG)
+
+    def configure(self, cfg):
+        self._mains_cfg = cfg["mains"]
+
+    # --- pins, ADC, watchdog -------------------------------------------------------------
+
+    def input(self, num, pull_up=False):
+        p = _Input(1 if pull_up else 0)
+        self._inputs[num] = p
+        self._apply_mains()
+        return p
+
+    def output(self, num, value=0):
+        return _Output(value)
+
+    def wdt(self, timeout_ms):
+        self._wdt = _WDT(self, timeout_ms)
+        return self._wdt
+
+    # --- persistent storage (esp32.NVS on the chip) ----------------------------------------
+
+    def nvs_get(self, key, default=None):
+        return self._nvs.get(key, default)
+
+    def nvs_set(self, key, value):
+        self._nvs[key] = value
+        _write_json(self._nvs_path, self._nvs)
+
+    # --- network -------------------------------------------------------------------------
+
+    def net_up(self):
+        return self.world["wlan"]
+
+    async def net_task(self, cfg, log):
+        # The emulated radio is up or down as the control port says; nothing to manage.
+        while True:
+            await asyncio.sleep_ms(1000)
+
+    async def open_connection(self, host, port):
+        if not self.world["wlan"]:
+            raise OSError(EHOSTUNREACH)
+        r, _w = await asyncio.open_connection(host, port)
+        link = _Link(self, r)
+        self._links.append(link)
+        return link, link
+
+    # --- the physical world ----------------------------------------------------------------
+
+    def _apply_mains(self):
+        c = self._mains_cfg
+        if c is None or c["pin"] not in self._inputs or c["mode"] != "level":
+            return
+        present = self.world["mains"]
+        self._inputs[c["pin"]].level = (0 if present else 1) if c["active_low"] else (1 if present else 0)
+
+    async def _pulses(self):
+        c = self._mains_cfg
+        pin = self._inputs.get(c["pin"]) if c else None
+        if pin is None or c["mode"] != "pulse":
+            return
+        while True:
+            if self.world["mains"] and pin.handler is not None:
+                pin.handler(pin)
+            await asyncio.sleep_ms(HALF_CYCLE_MS)
+
+    async def _watchdog(self):
+        while True:
+            await asyncio.sleep_ms(200)
+            w = self._wdt
+            if w is not None and time.ticks_diff(time.ticks_ms(), w.fed) > w.timeout:
+                print("# emu: watchdog expired, resetting")
+                raise SystemExit(EXIT_WDT)
+            a = gc.mem_alloc()
+            if a > self.heap_hwm:
+                self.heap_hwm = a
+
+    def _set(self, key, value):
+        self.world[key] = value
+        _write_json(self._world_path, self.world)
+        if key == "mains":
+            self._apply_mains()
+        elif key == "wlan" and not value:
+            for link in self._links:
+                link.cut = True
+
+    def command(self, line):
+        try:
+            cmd = json.loads(line)
+        except ValueError:
+            return {"ok": False, "error": "not JSON: %r" % line[:80]}
+        if not isinstance(cmd, dict) or len(cmd) != 1:
+            return {"ok": False, "error": "expected an object with exactly one key"}
+        k = list(cmd)[0]
+        v = cmd[k]
+        if k in ("mains", "wlan"):
+            if not isinstance(v, bool):
+                return {"ok": False, "error": "%s: expected true or false" % k}
+            self._set(k, v)
+            return {"ok": True, k: v}
+        if k == "battery_v":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 30:
+                return {"ok": False, "error": "battery_v: expected a voltage 0..30"}
+            self._set(k, float(v))
+            return {"ok": True, k: float(v)}
+        if k == "get":
+            if v == "state":
+                return {"ok": True, "state": self.app.snapshot() if self.app else None}
+            if v == "world":
+                return {"ok": True, "world": self.world}
+            if v == "mem":
+                gc.collect()
+                return {"ok": True, "mem": {"free": gc.mem_free(), "alloc": gc.mem_alloc(), "hwm": self.heap_hwm}}
+            return {"ok": False, "error": "get: expected state, world or mem"}
+        return {"ok": False, "error": "unknown command %r" % k}
+
+    async def _client(self, r, w):
+        try:
+            while True:
+                line = await r.readline()
+                if not line:
+                    break
+                if len(line) > 512:
+                    resp = {"ok": False, "error": "line too long"}
+                else:
+                    resp = self.command(line.decode().strip())
+                w.write(json.dumps(resp).encode() + b"\n")
+                await w.drain()
+        except Exception as e:  # one bad control client must not disturb the firmware
+            print("# emu: control client error", repr(e))
+        w.close()
+
+    async def serve(self, app):
+        self.app = app
+        host, port = self.control
+        await asyncio.start_server(self._client, host, port)
+        asyncio.create_task(self._pulses())
+        asyncio.create_task(self._watchdog())
+        print("# emu: control on %s:%d" % (host, port))

@@ -1,0 +1,298 @@
+# A small MQTT 3.1.1 client that never blocks the event loop.
+#
+# Written by hand because no installable MicroPython client fits: umqtt blocks on every
+# call (and a QoS 1 publish spins forever waiting for PUBACK), and mqtt_as's publish()
+# awaits the connection, parking its caller. Here publish() only queues; one connection
+# task owns the socket, retransmits QoS 1 until PUBACK, pings, and reconnects with backoff.
+# Everything awaits with a timeout, so the power-watch task keeps running whatever the
+# network does.
+import asyncio
+import struct
+
+CONNECT = 0x10
+CONNACK = 0x20
+PUBLISH = 0x30
+PUBACK = 0x40
+SUBSCRIBE = 0x82
+SUBACK = 0x90
+PINGREQ = 0xC0
+PINGRESP = 0xD0
+DISCONNECT = 0xE0
+
+MAX_IN = 4096  # a bigger incoming packet is refused; the heap cannot afford it
+INFLIGHT = 8  # unacknowledged QoS 1 publishes on the wire at once
+MAX_TRIES = 3  # unanswered sends of one message before the connection is declared dead
+
+
+class MQTTError(OSError):
+    pass
+
+
+def _str(s):
+    if isinstance(s, str):
+        s = s.encode()
+    return struct.pack("!H", len(s)) + s
+
+
+def _varlen(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _packet(kind, body):
+    return bytes([kind]) + _varlen(len(body)) + body
+
+
+class Message:
+    def __init__(self, topic, payload, retain, qos, critical):
+        self.topic = topic
+        self.payload = payload
+        self.retain = retain
+        self.qos = qos
+        self.critical = critical
+        self.pid = 0
+        self.sent_ms = None  # ticks of the last send on the current connection, None = unsent
+        self.tries = 0
+
+
+class Client:
+    def __init__(self, board, cfg, client_id, will=None, on_connect=None, on_message=None, log=None):
+        self.board = board
+        self.host = cfg["host"]
+        self.port = cfg["port"]
+        self.user = cfg.get("user") or ""
+        self.password = cfg.get("password") or ""
+        self.keepalive = cfg["keepalive_s"]
+        self.ack_timeout = cfg["ack_timeout_ms"]
+        self.backoff_min = cfg["backoff_min_ms"]
+        self.backoff_max = cfg["backoff_max_ms"]
+        self.queue_len = cfg["queue_len"]
+        self.client_id = client_id
+        self.will = will  # (topic, payload, retain, qos)
+        self.on_connect = on_connect
+        self.on_message = on_message
+        self.log = log or (lambda *a: None)
+        self.outbox = []
+        self.subs = []
+        self.connected = False
+        self.dropped = 0
+        self.connects = 0
+        self._pid = 0
+        self._w = None
+        self._kick = asyncio.Event()
+        # Two tasks draining one MicroPython stream at once trip an assertion in its I/O queue.
+        self._lock = asyncio.Lock()
+        self._last_tx = 0
+        self._last_rx = 0
+
+    # --- API used by the application; none of it awaits -----------------------------
+
+    def publish(self, topic, payload, retain=False, qos=1, critical=False, first=False):
+        if retain:
+            # A retained topic only ever needs its newest value: replace one still unsent.
+            for m in self.outbox:
+                if m.topic == topic and m.retain and m.sent_ms is None:
+                    m.payload = payload
+                    self._kick.set()
+                    return m
+        m = Message(topic, payload, retain, qos, critical)
+        if first:
+            self.outbox.insert(0, m)
+        else:
+            self.outbox.append(m)
+        if len(self.outbox) > self.queue_len:
+            self._drop_one()
+        self._kick.set()
+        return m
+
+    def subscribe(self, topic_filter):
+        if topic_filter not in self.subs:
+            self.subs.append(topic_filter)
+
+    def pending(self):
+        return len(self.outbox)
+
+    def _drop_one(self):
+        # Telemetry goes first; a critical message is dropped only when nothing else is left.
+        victim = None
+        for m in self.outbox:
+            if not m.critical:
+                victim = m
+                break
+        if victim is None:
+            victim = self.outbox[0]
+        self.outbox.remove(victim)
+        self.dropped += 1
+        self.log("mqtt", "queue full, dropped", victim.topic)
+
+    # --- connection task -------------------------------------------------------------
+
+    async def run(self):
+        backoff = self.backoff_min
+        while True:
+            if self.board.net_up():
+                try:
+                    await self._session()
+                    backoff = self.backoff_min
+                except Exception as e:  # any failure of one session just means: reconnect
+                    self.log("mqtt", "session ended:", repr(e))
+                self._close()
+            await asyncio.sleep_ms(backoff)
+            backoff = min(backoff * 2, self.backoff_max)
+
+    def _close(self):
+        self.connected = False
+        w, self._w = self._w, None
+        if w is not None:
+            try:
+                w.close()
+            except Exception:
+                pass
+        for m in self.outbox:
+            m.sent_ms = None
+            m.tries = 0
+
+    async def _write(self, data):
+        async with self._lock:
+            self._w.write(data)
+            await asyncio.wait_for_ms(self._w.drain(), self.ack_timeout)
+        self._last_tx = self.board.ticks_ms()
+
+    def _connect_packet(self):
+        flags = 0x02  # clean session: unacked messages are ours to resend, and we do
+        payload = _str(self.client_id)
+        if self.will:
+            t, p, retain, qos = self.will
+            flags |= 0x04 | (qos << 3) | (0x20 if retain else 0)
+            payload += _str(t) + _str(p)
+        if self.user:
+            flags |= 0x80
+            payload += _str(self.user)
+            if self.password:
+                flags |= 0x40
+                payload += _str(self.password)
+        var = _str("MQTT") + bytes([4, flags]) + struct.pack("!H", self.keepalive)
+        return _packet(CONNECT, var + payload)
+
+    async def _session(self):
+        ticks, diff = self.board.ticks_ms, self.board.ticks_diff
+        r, w = await asyncio.wait_for_ms(self.board.open_connection(self.host, self.port), self.ack_timeout * 2)
+        self._w = w
+        await self._write(self._connect_packet())
+        kind, body = await asyncio.wait_for_ms(self._read_packet(r), self.ack_timeout * 2)
+        if kind != CONNACK or len(body) != 2:
+            raise MQTTError("expected CONNACK, got 0x%02x" % kind)
+        if body[1] != 0:
+            raise MQTTError("broker refused connection, code %d" % body[1])
+        self._last_rx = ticks()
+        self.connected = True
+        self.connects += 1
+        self.log("mqtt", "connected to %s:%d" % (self.host, self.port))
+        for f in self.subs:
+            self._pid = self._pid % 65535 + 1
+            await self._write(_packet(SUBSCRIBE, struct.pack("!H", self._pid) + _str(f) + b"\x01"))
+        if self.on_connect:
+            self.on_connect()
+        reader = asyncio.create_task(self._reader(r))
+        try:
+            ping_every = self.keepalive * 500
+            while True:
+                if reader.done():
+                    raise MQTTError("reader stopped")
+                now = ticks()
+                if diff(now, self._last_rx) > self.keepalive * 1000:
+                    raise MQTTError("no traffic from broker for %d s" % self.keepalive)
+                await self._send_due(now)
+                if diff(now, self._last_tx) >= ping_every:
+                    await self._write(b"\xc0\x00")
+                self._kick.clear()
+                try:
+                    await asyncio.wait_for_ms(self._kick.wait(), 100)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            reader.cancel()
+
+    async def _send_due(self, now):
+        diff = self.board.ticks_diff
+        inflight = 0
+        for m in list(self.outbox):
+            if m.sent_ms is not None:
+                if m.qos == 0 or diff(now, m.sent_ms) < self.ack_timeout:
+                    inflight += 1
+                    continue
+                if m.tries >= MAX_TRIES:
+                    raise MQTTError("no PUBACK for pid %d after %d sends" % (m.pid, m.tries))
+            elif inflight >= INFLIGHT:
+                break
+            dup = m.sent_ms is not None
+            if m.qos and not dup:
+                self._pid = self._pid % 65535 + 1
+                m.pid = self._pid
+            head = PUBLISH | (0x08 if dup else 0) | (m.qos << 1) | (1 if m.retain else 0)
+            var = _str(m.topic) + (struct.pack("!H", m.pid) if m.qos else b"")
+            await self._write(_packet(head, var + m.payload))
+            m.sent_ms = now
+            m.tries += 1
+            inflight += 1
+            if m.qos == 0:
+                self.outbox.remove(m)
+
+    async def _read_packet(self, r):
+        head = (await r.readexactly(1))[0]
+        n, shift = 0, 0
+        while True:
+            b = (await r.readexactly(1))[0]
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+            if shift > 21:
+                raise MQTTError("bad remaining length")
+        if n > MAX_IN:
+            raise MQTTError("incoming packet of %d bytes refused" % n)
+        body = await r.readexactly(n) if n else b""
+        return head, body
+
+    async def _reader(self, r):
+        while True:
+            head, body = await self._read_packet(r)
+            self._last_rx = self.board.ticks_ms()
+            kind = head & 0xF0
+            if kind == PUBACK:
+                pid = struct.unpack("!H", body)[0]
+                for m in self.outbox:
+                    if m.pid == pid and m.sent_ms is not None:
+                        self.outbox.remove(m)
+                        self._kick.set()
+                        break
+            elif kind == PUBLISH:
+                qos = (head >> 1) & 3
+                tlen = struct.unpack("!H", body[:2])[0]
+                topic = body[2 : 2 + tlen].decode()
+                pos = 2 + tlen
+                if qos:
+                    pid = body[pos : pos + 2]
+                    pos += 2
+                    await self._write(b"\x40\x02" + pid)
+                if self.on_message:
+                    try:
+                        self.on_message(topic, body[pos:], bool(head & 1))
+                    except Exception as e:  # a bad command must not take the link down
+                        self.log("mqtt", "message handler failed:", repr(e))
+            # SUBACK and PINGRESP only prove the link is alive, which _last_rx records.
+
+    async def disconnect(self):
+        if self._w is not None and self.connected:
+            try:
+                await self._write(_packet(DISCONNECT, b""))
+            except Exception:
+                pass
+        self._close()

@@ -1,0 +1,259 @@
+# The holdover wire protocol, defined once.
+#
+# This file is imported unchanged by the firmware (MicroPython on the ESP32 and the unix
+# port) and by the host (CPython, as holdover.firmware.protocol). It may only use what both
+# interpreters have: json, hashlib.sha256, binascii. MicroPython has no hmac module, so
+# HMAC-SHA256 (RFC 2104) is written out here and checked against RFC 4231 vectors on both.
+#
+# Envelope, byte for byte:   {"sig":"<64 hex>","body":<body JSON>}
+# The signature covers the body bytes exactly as sent. Re-serialising parsed JSON is not
+# an option: MicroPython and CPython order dict keys and format floats differently, so
+# the verifier slices the raw body out of the fixed framing instead.
+
+import binascii
+import hashlib
+import json
+
+VERSION = 1
+ROOT = "holdover"
+MAX_PAYLOAD = 2048  # bytes; an ESP32 has ~100 KB of heap, so nothing legitimate is bigger
+MAX_SID = 32
+
+STATUS = "status"  # retained "online"/"offline"; "offline" is the last will
+STATE = "state"  # retained signed snapshot
+EVENT = "event"  # QoS 1, never retained
+CMD = "cmd"  # to the sentinel; never retained, never acted on if it arrives retained
+CMD_ACK = "cmd/ack"
+LEAVES = (STATUS, STATE, EVENT, CMD, CMD_ACK)
+
+ONLINE = "online"
+OFFLINE = "offline"
+
+# Event kinds a sentinel raises. "critical" kinds are never dropped from a full queue.
+BOOT = "boot"
+MAINS_LOST = "mains_lost"
+MAINS_RESTORED = "mains_restored"
+BATTERY_LOW = "battery_low"
+BATTERY_CRITICAL = "battery_critical"
+BATTERY_OK = "battery_ok"
+UPLINK_LOST = "uplink_lost"
+UPLINK_RESTORED = "uplink_restored"
+RELAY = "relay"
+HEARTBEAT = "heartbeat"
+EVENT_KINDS = (
+    BOOT,
+    MAINS_LOST,
+    MAINS_RESTORED,
+    BATTERY_LOW,
+    BATTERY_CRITICAL,
+    BATTERY_OK,
+    UPLINK_LOST,
+    UPLINK_RESTORED,
+    RELAY,
+    HEARTBEAT,
+)
+CRITICAL_KINDS = (MAINS_LOST, MAINS_RESTORED, BATTERY_LOW, BATTERY_CRITICAL, BATTERY_OK)
+# Message kinds that are not events: the state snapshot, a command, a command's answer.
+STATE_KIND = "state"
+CMD_KIND = "cmd"
+ACK_KIND = "ack"
+KINDS = EVENT_KINDS + (STATE_KIND, CMD_KIND, ACK_KIND)
+
+# Rejection reasons, stable strings the journal and tests rely on.
+OVERSIZED = "oversized"
+MALFORMED = "malformed"
+UNSIGNED = "unsigned"
+BAD_SIGNATURE = "bad_signature"
+UNKNOWN_SENTINEL = "unknown_sentinel"
+SCHEMA = "schema"
+REPLAYED = "replayed"
+STALE_BOOT = "stale_boot"
+
+_PREFIX = b'{"sig":"'
+_MIDDLE = b'","body":'
+_SIG_HEX = 64
+_BODY_AT = len(_PREFIX) + _SIG_HEX + len(_MIDDLE)
+_HEX = b"0123456789abcdef"
+_SID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+
+
+class ProtocolError(ValueError):
+    def __init__(self, reason, detail):
+        ValueError.__init__(self, reason + ": " + detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def valid_sid(sid):
+    if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SID:
+        return False
+    for c in sid:
+        if c not in _SID_CHARS:
+            return False
+    return True
+
+
+def topic(sid, leaf):
+    return ROOT + "/" + sid + "/" + leaf
+
+
+def parse_topic(t):
+    """(sid, leaf) for a holdover topic, or None."""
+    if not t.startswith(ROOT + "/"):
+        return None
+    rest = t[len(ROOT) + 1 :]
+    i = rest.find("/")
+    if i <= 0:
+        return None
+    sid, leaf = rest[:i], rest[i + 1 :]
+    if not valid_sid(sid) or leaf not in LEAVES:
+        return None
+    return sid, leaf
+
+
+class Signer:
+    """HMAC-SHA256 under one sentinel's key; the padded keys are kept to save work per message."""
+
+    def __init__(self, key):
+        if isinstance(key, str):
+            key = key.encode()
+        if len(key) < 16:
+            raise ValueError("key must be at least 16 bytes")
+        if len(key) > 64:
+            key = hashlib.sha256(key).digest()
+        key = key + b"\x00" * (64 - len(key))
+        self._ipad = bytes([b ^ 0x36 for b in key])
+        self._opad = bytes([b ^ 0x5C for b in key])
+
+    def digest(self, msg):
+        inner = hashlib.sha256(self._ipad)
+        inner.update(msg)
+        outer = hashlib.sha256(self._opad)
+        outer.update(inner.digest())
+        return outer.digest()
+
+    def sign(self, msg):
+        return binascii.hexlify(self.digest(msg))
+
+    def verify(self, msg, sig_hex):
+        want = self.sign(msg)
+        if len(want) != len(sig_hex):
+            return False
+        # Constant time, so a forger learns nothing from how fast a guess is refused.
+        diff = 0
+        for i in range(len(want)):
+            diff |= want[i] ^ sig_hex[i]
+        return diff == 0
+
+
+def body(sid, boot, seq, ms, ts, kind, data):
+    return {
+        "v": VERSION,
+        "sid": sid,
+        "boot": boot,
+        "seq": seq,
+        "ms": ms,
+        "ts": ts,
+        "kind": kind,
+        "data": data,
+    }
+
+
+def seal(signer, fields):
+    """The signed envelope for a body dict, as bytes ready for MQTT or a serial line."""
+    raw = json.dumps(fields, separators=(",", ":")).encode()
+    out = _PREFIX + signer.sign(raw) + _MIDDLE + raw + b"}"
+    if len(out) > MAX_PAYLOAD:
+        raise ProtocolError(OVERSIZED, "%d bytes > %d" % (len(out), MAX_PAYLOAD))
+    return out
+
+
+def encode(signer, sid, boot, seq, ms, ts, kind, data):
+    return seal(signer, body(sid, boot, seq, ms, ts, kind, data))
+
+
+def unframe(payload):
+    """Split an envelope into (sig_hex, raw_body) without trusting anything in it."""
+    if isinstance(payload, str):
+        payload = payload.encode()
+    n = len(payload)
+    if n > MAX_PAYLOAD:
+        raise ProtocolError(OVERSIZED, "%d bytes > %d" % (n, MAX_PAYLOAD))
+    if n == 0:
+        raise ProtocolError(MALFORMED, "empty payload")
+    if not payload.startswith(_PREFIX):
+        if payload[:1] == b"{":
+            raise ProtocolError(UNSIGNED, "no leading sig field")
+        raise ProtocolError(MALFORMED, "not a JSON envelope")
+    if n < _BODY_AT + 3 or payload[_BODY_AT - len(_MIDDLE) : _BODY_AT] != _MIDDLE:
+        raise ProtocolError(MALFORMED, "envelope framing")
+    sig = payload[len(_PREFIX) : len(_PREFIX) + _SIG_HEX]
+    for c in sig:
+        if c not in _HEX:
+            raise ProtocolError(MALFORMED, "signature is not lowercase hex")
+    if payload[n - 1 : n] != b"}":
+        raise ProtocolError(MALFORMED, "envelope not closed")
+    return sig, payload[_BODY_AT : n - 1]
+
+
+def _int(v):
+    # bool is an int subclass on CPython; a JSON true is never a sequence number.
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_body(msg, sid=None):
+    """Schema of a decoded body; raises ProtocolError(SCHEMA, ...) naming the bad field."""
+    if not isinstance(msg, dict):
+        raise ProtocolError(SCHEMA, "body is not an object")
+    if msg.get("v") != VERSION:
+        raise ProtocolError(SCHEMA, "v: unsupported version %r" % (msg.get("v"),))
+    s = msg.get("sid")
+    if not valid_sid(s):
+        raise ProtocolError(SCHEMA, "sid: invalid %r" % (s,))
+    if sid is not None and s != sid:
+        raise ProtocolError(SCHEMA, "sid: %r in body, %r in topic" % (s, sid))
+    boot = msg.get("boot")
+    if not isinstance(boot, str) or not 4 <= len(boot) <= 32:
+        raise ProtocolError(SCHEMA, "boot: invalid %r" % (boot,))
+    seq = msg.get("seq")
+    if not _int(seq) or seq < 1:
+        raise ProtocolError(SCHEMA, "seq: must be an integer >= 1")
+    ms = msg.get("ms")
+    if not _int(ms) or ms < 0:
+        raise ProtocolError(SCHEMA, "ms: must be an integer >= 0")
+    ts = msg.get("ts")
+    if ts is not None and not _int(ts):
+        raise ProtocolError(SCHEMA, "ts: must be an integer or null")
+    kind = msg.get("kind")
+    if kind not in KINDS:
+        raise ProtocolError(SCHEMA, "kind: unknown %r" % (kind,))
+    if not isinstance(msg.get("data"), dict):
+        raise ProtocolError(SCHEMA, "data: must be an object")
+    return msg
+
+
+def open_envelope(payload, signer, sid=None):
+    """Verify and decode one envelope. Raises ProtocolError with the reason; never anything else."""
+    sig, raw = unframe(payload)
+    if signer is None:
+        raise ProtocolError(UNKNOWN_SENTINEL, "no key for sentinel %r" % (sid,))
+    if not signer.verify(raw, sig):
+        raise ProtocolError(BAD_SIGNATURE, "HMAC does not match")
+    try:
+        msg = json.loads(raw)
+    except (ValueError, UnicodeError) as e:
+        # Only a holder of the key can get here, but a buggy sender must not crash us either.
+        raise ProtocolError(MALFORMED, "body JSON: %s" % e)
+    return check_body(msg, sid)
+
+
+def peek_sid(payload):
+    """The body's sid, read without trusting it, to pick a key when the topic gives none (serial)."""
+    try:
+        msg = json.loads(unframe(payload)[1])
+    except (ValueError, UnicodeError):
+        raise ProtocolError(MALFORMED, "body JSON")
+    s = msg.get("sid") if isinstance(msg, dict) else None
+    if not valid_sid(s):
+        raise ProtocolError(SCHEMA, "sid: invalid %r" % (s,))
+    return s

@@ -1,0 +1,102 @@
+"""A private Mosquitto on a free loopback port, for the demo, the tests and the benchmarks.
+
+It never touches a system-wide broker: its own config, port and persistence file live in
+a directory of its own, so it can be stopped and started again on the same port.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+INSTALL_HINT = "Mosquitto is not installed: run `apt-get install mosquitto` (as root)."
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def mosquitto_binary() -> str:
+    for cand in (shutil.which("mosquitto"), "/usr/sbin/mosquitto"):
+        if cand and Path(cand).exists():
+            return cand
+    raise BrokerError(INSTALL_HINT)
+
+
+def wait_port(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise BrokerError(f"nothing listening on {host}:{port} after {timeout:.0f}s") from None
+            time.sleep(0.02)
+
+
+class Broker:
+    def __init__(self, port: int | None = None, workdir: Path | None = None, extra_conf: str = "") -> None:
+        self.host = "127.0.0.1"
+        self.port = port or free_port()
+        self._own_dir = workdir is None
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="holdover-mosquitto-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.conf = self.dir / "mosquitto.conf"
+        self.log = self.dir / "mosquitto.log"
+        self.conf.write_text(
+            f"listener {self.port} {self.host}\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {self.dir}/\n"
+            "log_dest stderr\n"
+            "log_type error\nlog_type warning\nlog_type notice\n" + extra_conf
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Broker:
+        binary = mosquitto_binary()
+        with self.log.open("ab") as logf:
+            self.proc = subprocess.Popen([binary, "-c", str(self.conf)], stdout=logf, stderr=logf)
+        try:
+            wait_port(self.host, self.port, 10)
+        except BrokerError:
+            self.stop()
+            raise BrokerError(f"mosquitto did not start; its log:\n{self.log.read_text()[-2000:]}") from None
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: mosquitto saves its persistence file on the way out
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self, down_for: float = 0.0) -> None:
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

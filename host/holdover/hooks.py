@@ -1,0 +1,108 @@
+"""Hook commands run on events, as NUT's NOTIFYCMD: the event goes in environment variables.
+
+Each run is its own task in its own process group, so a hook that hangs is killed after
+its timeout (with anything it spawned) and never delays the next event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from holdover.journal import Event, Journal
+from holdover.settings import HookSettings
+
+log = logging.getLogger("holdover.hooks")
+OUTPUT_KEEP = 4096  # bytes of a hook's output kept in the journal
+KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
+
+
+class HookRunner:
+    def __init__(self, hooks: list[HookSettings], journal: Journal, on_done: Callable[[dict], None] | None = None):
+        self.hooks = hooks
+        self.journal = journal
+        self.on_done = on_done
+        self._tasks: set[asyncio.Task] = set()
+
+    def dispatch(self, event: Event) -> int:
+        n = 0
+        for hook in self.hooks:
+            if hook.matches(event.kind, event.sid):
+                t = asyncio.create_task(self._run(hook, event))
+                self._tasks.add(t)
+                t.add_done_callback(self._tasks.discard)
+                n += 1
+        return n
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _run(self, hook: HookSettings, event: Event) -> None:
+        env = dict(os.environ)
+        env.update(
+            HOLDOVER_EVENT=event.kind,
+            HOLDOVER_SENTINEL=event.sid,
+            HOLDOVER_PAYLOAD=json.dumps(event.body),
+            HOLDOVER_SEQ=str(event.seq),
+            HOLDOVER_BOOT=event.boot,
+        )
+        started = time.time()
+        rc: int | None = None
+        tail = b""
+        try:
+            proc = await asyncio.create_subprocess_shell(
+                hook.run,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as e:
+            self._record(event, hook, started, "failed", None, f"cannot start: {e}")
+            return
+        log.info("hook started for %s/%s seq %d: %s", event.sid, event.kind, event.seq, hook.run)
+
+        async def collect() -> None:
+            nonlocal tail
+            assert proc.stdout is not None
+            while chunk := await proc.stdout.read(65536):
+                tail = (tail + chunk)[-OUTPUT_KEEP:]
+
+        try:
+            await asyncio.wait_for(asyncio.gather(collect(), proc.wait()), hook.timeout)
+            rc = proc.returncode
+            outcome = "ok" if rc == 0 else "failed"
+        except TimeoutError:
+            outcome = "timeout"
+            await self._kill(proc)
+            rc = proc.returncode
+        self._record(event, hook, started, outcome, rc, tail.decode(errors="replace"))
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(proc.wait(), KILL_GRACE)
+                return
+            except TimeoutError:
+                continue
+
+    def _record(self, event: Event, hook: HookSettings, started: float, outcome: str, rc: int | None, out: str) -> None:
+        ended = time.time()
+        level = logging.INFO if outcome == "ok" else logging.WARNING
+        log.log(level, "hook %s for %s/%s after %.2fs (rc=%s): %s", outcome, event.sid, event.kind, ended - started, rc, hook.run)
+        self.journal.hook_run(event.id, hook.run, started, ended, outcome, rc, out)
+        if self.on_done:
+            self.on_done(
+                {"event": event.kind, "sid": event.sid, "hook": hook.run, "outcome": outcome, "rc": rc, "output": out}
+            )

@@ -1,0 +1,202 @@
+"""The bridge's SQLite journal: every accepted and rejected message, and every hook run.
+
+The unique (sentinel, boot, seq) index on accepted events is also the replay guard, so
+a restarted bridge still refuses an event it accepted before it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    rx_ts REAL NOT NULL,
+    source TEXT NOT NULL,
+    sid TEXT NOT NULL,
+    boot TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    ms INTEGER NOT NULL,
+    ts INTEGER,
+    data TEXT NOT NULL,
+    UNIQUE (sid, boot, seq)
+);
+CREATE TABLE IF NOT EXISTS rejections (
+    id INTEGER PRIMARY KEY,
+    rx_ts REAL NOT NULL,
+    source TEXT NOT NULL,
+    topic TEXT,
+    reason TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    payload BLOB
+);
+CREATE TABLE IF NOT EXISTS hook_runs (
+    id INTEGER PRIMARY KEY,
+    event_id INTEGER REFERENCES events(id),
+    hook TEXT NOT NULL,
+    started REAL NOT NULL,
+    ended REAL NOT NULL,
+    outcome TEXT NOT NULL,
+    returncode INTEGER,
+    output TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sentinels (
+    sid TEXT PRIMARY KEY,
+    status TEXT,
+    status_ts REAL,
+    boot TEXT,
+    seq INTEGER,
+    state_ts INTEGER,
+    state TEXT
+);
+"""
+PAYLOAD_KEEP = 1024  # bytes of a rejected payload kept as evidence
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    rx_ts: float
+    source: str
+    sid: str
+    boot: str
+    seq: int
+    kind: str
+    ms: int
+    ts: int | None
+    data: dict[str, Any]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {
+            "sid": self.sid,
+            "boot": self.boot,
+            "seq": self.seq,
+            "kind": self.kind,
+            "ms": self.ms,
+            "ts": self.ts,
+            "data": self.data,
+        }
+
+
+class Journal:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Used by one thread at a time (the bridge loop), but not always the one that opened it.
+        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a process crash; a power cut may lose the last few
+        # commits, which the sentinel would re-send anyway (its queue waits for PUBACK).
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def accept(self, source: str, body: dict[str, Any]) -> Event | None:
+        """Record an accepted event; None if (sid, boot, seq) was already journaled."""
+        rx = time.time()
+        try:
+            cur = self.db.execute(
+                "INSERT INTO events (rx_ts, source, sid, boot, seq, kind, ms, ts, data) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    rx,
+                    source,
+                    body["sid"],
+                    body["boot"],
+                    body["seq"],
+                    body["kind"],
+                    body["ms"],
+                    body["ts"],
+                    json.dumps(body["data"]),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            return None
+        return Event(
+            cur.lastrowid or 0,
+            rx,
+            source,
+            body["sid"],
+            body["boot"],
+            body["seq"],
+            body["kind"],
+            body["ms"],
+            body["ts"],
+            body["data"],
+        )
+
+    def reject(self, source: str, topic: str | None, reason: str, detail: str, payload: bytes | None) -> None:
+        self.db.execute(
+            "INSERT INTO rejections (rx_ts, source, topic, reason, detail, payload) VALUES (?,?,?,?,?,?)",
+            (time.time(), source, topic, reason, detail, payload[:PAYLOAD_KEEP] if payload is not None else None),
+        )
+
+    def hook_run(
+        self, event_id: int, hook: str, started: float, ended: float, outcome: str, rc: int | None, output: str
+    ) -> None:
+        self.db.execute(
+            "INSERT INTO hook_runs (event_id, hook, started, ended, outcome, returncode, output) VALUES (?,?,?,?,?,?,?)",
+            (event_id, hook, started, ended, outcome, rc, output),
+        )
+
+    def set_status(self, sid: str, status: str) -> None:
+        self.db.execute(
+            "INSERT INTO sentinels (sid, status, status_ts) VALUES (?,?,?) "
+            "ON CONFLICT(sid) DO UPDATE SET status=excluded.status, status_ts=excluded.status_ts",
+            (sid, status, time.time()),
+        )
+
+    def set_state(self, body: dict[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO sentinels (sid, boot, seq, state_ts, state) VALUES (?,?,?,?,?) "
+            "ON CONFLICT(sid) DO UPDATE SET boot=excluded.boot, seq=excluded.seq, "
+            "state_ts=excluded.state_ts, state=excluded.state",
+            (body["sid"], body["boot"], body["seq"], body["ts"], json.dumps(body["data"])),
+        )
+
+    def sentinel(self, sid: str) -> dict[str, Any] | None:
+        row = self.db.execute(
+            "SELECT status, status_ts, boot, seq, state_ts, state FROM sentinels WHERE sid=?", (sid,)
+        ).fetchone()
+        if row is None:
+            return None
+        status, status_ts, boot, seq, state_ts, state = row
+        return {
+            "sid": sid,
+            "status": status,
+            "status_ts": status_ts,
+            "boot": boot,
+            "seq": seq,
+            "state_ts": state_ts,
+            "state": json.loads(state) if state else None,
+        }
+
+    def events(self, sid: str | None = None, kind: str | None = None, limit: int = 100) -> list[Event]:
+        q, args = "SELECT id, rx_ts, source, sid, boot, seq, kind, ms, ts, data FROM events WHERE 1=1", []
+        if sid:
+            q, args = q + " AND sid=?", [*args, sid]
+        if kind:
+            q, args = q + " AND kind=?", [*args, kind]
+        rows = self.db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [Event(*r[:9], json.loads(r[9])) for r in rows]
+
+    def rejections(self, reason: str | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT rx_ts, source, topic, reason, detail FROM rejections", ()
+        if reason:
+            q, args = q + " WHERE reason=?", (reason,)
+        cols = ("rx_ts", "source", "topic", "reason", "detail")
+        return [dict(zip(cols, r, strict=True)) for r in self.db.execute(q + " ORDER BY id", args)]
+
+    def hook_runs(self) -> list[dict[str, Any]]:
+        cols = ("event_id", "hook", "started", "ended", "outcome", "returncode", "output")
+        q = "SELECT event_id, hook, started, ended, outcome, returncode, output FROM hook_runs ORDER BY id"
+        return [dict(zip(cols, r, strict=True)) for r in self.db.execute(q)]

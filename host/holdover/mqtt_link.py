@@ -1,0 +1,69 @@
+"""paho-mqtt 2.x, running its own network thread, feeding an asyncio queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from holdover.firmware import protocol
+from holdover.settings import MqttSettings
+
+log = logging.getLogger("holdover.mqtt")
+
+SUBSCRIPTIONS = [protocol.topic("+", leaf) for leaf in (protocol.STATUS, protocol.STATE, protocol.EVENT)]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    topic: str
+    payload: bytes
+    retained: bool
+    rx: float
+
+
+class MqttLink:
+    def __init__(self, cfg: MqttSettings, queue: asyncio.Queue[Inbound], loop: asyncio.AbstractEventLoop) -> None:
+        self.cfg = cfg
+        self.queue = queue
+        self.loop = loop
+        self.connected = asyncio.Event()
+        # A persistent session: the broker queues QoS 1 events while the bridge reconnects.
+        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id, clean_session=False)
+        if cfg.username:
+            c.username_pw_set(cfg.username, cfg.password or None)
+        c.reconnect_delay_set(min_delay=1, max_delay=30)
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_message = self._on_message
+        self.client = c
+
+    def start(self) -> None:
+        self.client.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive)
+        self.client.loop_start()
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    # paho's thread from here on: hand everything to the loop, touch nothing else.
+
+    def _on_connect(self, client: paho.Client, _ud: object, _flags: object, reason: object, _props: object) -> None:
+        if getattr(reason, "is_failure", False):
+            log.error("broker %s:%d refused the connection: %s", self.cfg.host, self.cfg.port, reason)
+            return
+        log.info("connected to broker %s:%d", self.cfg.host, self.cfg.port)
+        client.subscribe([(t, 1) for t in SUBSCRIPTIONS])
+        self.loop.call_soon_threadsafe(self.connected.set)
+
+    def _on_disconnect(self, _c: paho.Client, _ud: object, _flags: object, reason: object, _props: object) -> None:
+        log.warning("disconnected from broker: %s (paho reconnects)", reason)
+        self.loop.call_soon_threadsafe(self.connected.clear)
+
+    def _on_message(self, _c: paho.Client, _ud: object, msg: paho.MQTTMessage) -> None:
+        item = Inbound(msg.topic, bytes(msg.payload), bool(msg.retain), time.time())
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)

@@ -1,0 +1,164 @@
+"""The whole chain on one machine: private Mosquitto, emulated sentinel, bridge.
+
+Used by `holdover demo`, the end-to-end tests and the benchmarks, so all three exercise
+exactly the same wiring. Everything binds to loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from holdover import settings as settings_mod
+from holdover.bridge import Bridge, BridgeThread
+from holdover.broker import Broker, free_port
+from holdover.emulator import Control, Emulator
+from holdover.gate import Verdict
+
+
+@dataclass
+class Seen:
+    at: float  # time.monotonic()
+    what: str  # event kind, rejection reason, or "hook:<kind>"
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Rig:
+    def __init__(
+        self,
+        workdir: Path,
+        sid: str = "demo",
+        debounce_ms: int = 300,
+        mode: str = "pulse",
+        keepalive_s: int = 5,
+        heartbeat_s: int = 30,
+        heap: str = "110K",
+        hooks: list[dict[str, Any]] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        on_seen: Callable[[Seen], None] | None = None,
+    ) -> None:
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sid = sid
+        self.key = secrets.token_hex(16)
+        self.debounce_ms = debounce_ms
+        self.mode = mode
+        self.keepalive_s = keepalive_s
+        self.heartbeat_s = heartbeat_s
+        self.heap = heap
+        self.hooks = hooks or []
+        self.on_line = on_line or (lambda line: None)
+        self.on_seen = on_seen or (lambda s: None)
+        self.seen: list[Seen] = []
+        self._cv = threading.Condition()
+        self.broker = Broker(workdir=self.dir / "broker")
+        self.control_addr = ("127.0.0.1", free_port())
+        self.emulator: Emulator | None = None
+        self.bridge: BridgeThread | None = None
+        self.control = Control(*self.control_addr)
+        self.lines: list[str] = []
+
+    # --- configuration, as a user would write it -----------------------------------------
+
+    def firmware_config(self) -> dict[str, Any]:
+        return {
+            "sentinel_id": self.sid,
+            "key": self.key,
+            "mqtt": {"host": self.broker.host, "port": self.broker.port, "keepalive_s": self.keepalive_s},
+            "mains": {"pin": 27, "mode": self.mode, "active_low": True, "debounce_ms": self.debounce_ms},
+            "heartbeat_s": self.heartbeat_s,
+        }
+
+    def bridge_config(self) -> dict[str, Any]:
+        return {
+            "mqtt": {"host": self.broker.host, "port": self.broker.port, "client_id": f"holdover-bridge-{self.sid}"},
+            "journal": {"path": str(self.dir / "journal.db")},
+            "sentinels": [{"id": self.sid, "key": self.key}],
+            "hooks": self.hooks,
+        }
+
+    def write_configs(self) -> tuple[Path, Path]:
+        fw = self.dir / "config.json"
+        fw.write_text(json.dumps(self.firmware_config(), indent=2))
+        br = self.dir / "holdover.toml"
+        br.write_text(tomli_w.dumps(self.bridge_config()))
+        return fw, br
+
+    # --- parts -----------------------------------------------------------------------------
+
+    def start(self, bridge: bool = True) -> Rig:
+        self.broker.start()
+        fw, br = self.write_configs()
+        if bridge:
+            self.start_bridge(settings_mod.load(br))
+        self.emulator = Emulator(fw, self.control_addr, heap=self.heap, state_dir=self.dir / "board", on_line=self._line)
+        self.emulator.start_thread()
+        self.control.connect()
+        return self
+
+    def start_bridge(self, cfg: settings_mod.Settings) -> None:
+        b = Bridge(cfg, on_verdict=self._verdict, on_hook=self._hook)
+        self.bridge = BridgeThread(b).start()
+
+    def close(self) -> None:
+        self.control.close()
+        if self.emulator:
+            self.emulator.stop()
+        if self.bridge:
+            self.bridge.stop()
+        self.broker.close()
+
+    def __enter__(self) -> Rig:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- what happened -----------------------------------------------------------------------
+
+    def _add(self, s: Seen) -> None:
+        with self._cv:
+            self.seen.append(s)
+            self._cv.notify_all()
+        self.on_seen(s)
+
+    def _line(self, line: str) -> None:
+        self.lines.append(line)
+        self.on_line(line)
+
+    def _verdict(self, v: Verdict) -> None:
+        now = time.monotonic()
+        if v.event is not None:
+            self._add(Seen(now, v.event.kind, {"seq": v.event.seq, "data": v.event.data, "boot": v.event.boot}))
+        elif not v.accepted:
+            self._add(Seen(now, f"rejected:{v.reason}", {"detail": v.detail}))
+        elif v.status is not None:
+            self._add(Seen(now, f"status:{v.status}"))
+
+    def _hook(self, info: dict[str, Any]) -> None:
+        self._add(Seen(time.monotonic(), f"hook:{info['event']}", info))
+
+    def count(self, what: str, since: float = 0.0) -> int:
+        with self._cv:
+            return sum(1 for s in self.seen if s.what == what and s.at >= since)
+
+    def wait(self, what: str, timeout: float = 10.0, since: float = 0.0) -> Seen:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                for s in self.seen:
+                    if s.what == what and s.at >= since:
+                        return s
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {what!r} within {timeout}s; saw {[x.what for x in self.seen[-10:]]}")
+                self._cv.wait(left)
+

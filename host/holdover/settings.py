@@ -1,0 +1,119 @@
+"""The bridge's TOML configuration, validated with every problem listed by key."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from holdover.firmware import protocol
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message lists each problem by key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MqttSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    username: str = ""
+    password: str = ""
+    client_id: str = "holdover-bridge"
+    keepalive: int = Field(30, ge=5, le=3600)
+
+
+class JournalSettings(_Strict):
+    path: Path = Path("holdover-journal.db")
+
+
+class SentinelSettings(_Strict):
+    id: str
+    key: str = ""
+    key_file: Path | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, v: str) -> str:
+        if not protocol.valid_sid(v):
+            raise ValueError("must be 1-32 of A-Z a-z 0-9 _ -")
+        return v
+
+    @model_validator(mode="after")
+    def _has_key(self) -> SentinelSettings:
+        if self.key_file is not None:
+            try:
+                self.key = self.key_file.read_text().strip()
+            except OSError as e:
+                raise ValueError(f"key_file: cannot read {self.key_file}: {e.strerror}") from None
+        if len(self.key.encode()) < 16:
+            raise ValueError("key: must be at least 16 bytes (set key or key_file)")
+        return self
+
+
+class HookSettings(_Strict):
+    events: list[str] = Field(min_length=1)
+    run: str = Field(min_length=1)
+    timeout: float = Field(30.0, gt=0, le=3600)
+    sentinels: list[str] = Field(default_factory=list, description="empty: every sentinel")
+
+    @field_validator("events")
+    @classmethod
+    def _known_kinds(cls, v: list[str]) -> list[str]:
+        bad = [k for k in v if k not in protocol.EVENT_KINDS and k != "*"]
+        if bad:
+            raise ValueError(f"unknown event kind(s) {bad}; known: {', '.join(protocol.EVENT_KINDS)} or '*'")
+        return v
+
+    def matches(self, kind: str, sid: str) -> bool:
+        return ("*" in self.events or kind in self.events) and (not self.sentinels or sid in self.sentinels)
+
+
+class Settings(_Strict):
+    mqtt: MqttSettings = MqttSettings()
+    journal: JournalSettings = JournalSettings()
+    sentinels: list[SentinelSettings] = Field(default_factory=list)
+    hooks: list[HookSettings] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_sentinels(self) -> Settings:
+        ids = [s.id for s in self.sentinels]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"sentinels: duplicate id(s) {dup}")
+        return self
+
+    def keys(self) -> dict[str, bytes]:
+        return {s.id: s.key.encode() for s in self.sentinels}
+
+
+def _describe(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse(data: dict, origin: str = "config") -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{origin}: {e.error_count()} problem(s)\n{_describe(e)}") from None
+
+
+def load(path: Path) -> Settings:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return parse(data, str(path))

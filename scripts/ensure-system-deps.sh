@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# System packages holdover's demo and tests need: Mosquitto (the tests start their own on
+# loopback; the system service is never used) and Python's venv module.
+set -euo pipefail
+need=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "holdover needs: ${need[*]}. Install them with:  sudo apt-get install -y ${need[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${need[@]}" >/dev/null
+# Debian starts a system-wide broker on :1883 on install; holdover never uses it.
+echo "installed: ${need[*]}"
