@@ -108,7 +108,15 @@ class _Link:
         self._dead.set()
         if self in self.board._links:
             self.board._links.remove(self)
-        self.s.close()
+
+    async def wait_closed(self):
+        if self.cut:
+            # A dead radio sends no FIN: the broker must find out by keepalive, as with a
+            # real board. The socket is really closed once the emulated WLAN is back.
+            self.board._zombies.append(self.s)
+        else:
+            self.s.close()
+            await self.s.wait_closed()
 
 
 class Board:
@@ -141,12 +149,12 @@ class Board:
         self._nvs = _read_json(self._nvs_path, {})
         self._inputs = {}
         self._links = []
+        self._zombies = []
         self._wdt = None
         self._mains_cfg = None
         self.app = None
         self.ticks_ms = time.ticks_ms
         self.ticks_diff = time.ticks_diff
-        self.heap_hwm = 0
 
     # --- clock, identity, reset ---------------------------------------------------------
 
@@ -237,9 +245,6 @@ class Board:
             if w is not None and time.ticks_diff(time.ticks_ms(), w.fed) > w.timeout:
                 print("# emu: watchdog expired, resetting")
                 raise SystemExit(EXIT_WDT)
-            a = gc.mem_alloc()
-            if a > self.heap_hwm:
-                self.heap_hwm = a
 
     def _set(self, key, value):
         self.world[key] = value
@@ -249,6 +254,10 @@ class Board:
         elif key == "wlan" and not value:
             for link in self._links:
                 link.cut = True
+        elif key == "wlan":
+            for s in self._zombies:
+                s.s.close()
+            self._zombies = []
 
     def command(self, line):
         try:
@@ -276,7 +285,14 @@ class Board:
                 return {"ok": True, "world": self.world}
             if v == "mem":
                 gc.collect()
-                return {"ok": True, "mem": {"free": gc.mem_free(), "alloc": gc.mem_alloc(), "hwm": self.heap_hwm}}
+                return {
+                    "ok": True,
+                    "mem": {
+                        "free": gc.mem_free(),
+                        "alloc": gc.mem_alloc(),
+                        "hwm": self.app.heap_hwm if self.app else 0,
+                    },
+                }
             return {"ok": False, "error": "get: expected state, world or mem"}
         return {"ok": False, "error": "unknown command %r" % k}
 
@@ -300,6 +316,5 @@ class Board:
         self.app = app
         host, port = self.control
         await asyncio.start_server(self._client, host, port)
-        asyncio.create_task(self._pulses())
-        asyncio.create_task(self._watchdog())
+        self._tasks = [asyncio.create_task(self._pulses()), asyncio.create_task(self._watchdog())]
         print("# emu: control on %s:%d" % (host, port))

@@ -143,16 +143,19 @@ class Client:
                     backoff = self.backoff_min
                 except Exception as e:  # any failure of one session just means: reconnect
                     self.log("mqtt", "session ended:", repr(e))
-                self._close()
+                await self._close()
             await asyncio.sleep_ms(backoff)
             backoff = min(backoff * 2, self.backoff_max)
 
-    def _close(self):
+    async def _close(self):
         self.connected = False
         w, self._w = self._w, None
         if w is not None:
+            # MicroPython's Stream.close() does nothing: the socket is closed by wait_closed().
+            # Skipping it leaks one lwIP socket per reconnect until the ESP32 has none left.
             try:
                 w.close()
+                await asyncio.wait_for_ms(w.wait_closed(), 1000)
             except Exception:
                 pass
         for m in self.outbox:
@@ -215,7 +218,7 @@ class Client:
                 self._kick.clear()
                 try:
                     await asyncio.wait_for_ms(self._kick.wait(), 100)
-                except asyncio.TimeoutError:
+                except asyncio.TimeoutError:  # MicroPython has no builtin TimeoutError
                     pass
         finally:
             reader.cancel()
@@ -238,10 +241,11 @@ class Client:
                 m.pid = self._pid
             head = PUBLISH | (0x08 if dup else 0) | (m.qos << 1) | (1 if m.retain else 0)
             var = _str(m.topic) + (struct.pack("!H", m.pid) if m.qos else b"")
-            await self._write(_packet(head, var + m.payload))
+            # Marked sent before the write: its PUBACK can arrive while drain() is still awaiting.
             m.sent_ms = now
             m.tries += 1
             inflight += 1
+            await self._write(_packet(head, var + m.payload))
             if m.qos == 0:
                 self.outbox.remove(m)
 
@@ -269,7 +273,7 @@ class Client:
             if kind == PUBACK:
                 pid = struct.unpack("!H", body)[0]
                 for m in self.outbox:
-                    if m.pid == pid and m.sent_ms is not None:
+                    if m.pid == pid and m.qos:
                         self.outbox.remove(m)
                         self._kick.set()
                         break
@@ -295,4 +299,4 @@ class Client:
                 await self._write(_packet(DISCONNECT, b""))
             except Exception:
                 pass
-        self._close()
+        await self._close()

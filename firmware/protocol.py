@@ -79,7 +79,7 @@ _SID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
 
 class ProtocolError(ValueError):
     def __init__(self, reason, detail):
-        ValueError.__init__(self, reason + ": " + detail)
+        super().__init__(reason + ": " + detail)
         self.reason = reason
         self.detail = detail
 
@@ -117,8 +117,6 @@ class Signer:
     def __init__(self, key):
         if isinstance(key, str):
             key = key.encode()
-        if len(key) < 16:
-            raise ValueError("key must be at least 16 bytes")
         if len(key) > 64:
             key = hashlib.sha256(key).digest()
         key = key + b"\x00" * (64 - len(key))
@@ -241,7 +239,7 @@ def open_envelope(payload, signer, sid=None):
         raise ProtocolError(BAD_SIGNATURE, "HMAC does not match")
     try:
         msg = json.loads(raw)
-    except (ValueError, UnicodeError) as e:
+    except (ValueError, UnicodeError, RuntimeError) as e:  # RuntimeError: nesting too deep
         # Only a holder of the key can get here, but a buggy sender must not crash us either.
         raise ProtocolError(MALFORMED, "body JSON: %s" % e)
     return check_body(msg, sid)
@@ -251,7 +249,7 @@ def peek_sid(payload):
     """The body's sid, read without trusting it, to pick a key when the topic gives none (serial)."""
     try:
         msg = json.loads(unframe(payload)[1])
-    except (ValueError, UnicodeError):
+    except (ValueError, UnicodeError, RuntimeError):  # RuntimeError: nesting too deep
         raise ProtocolError(MALFORMED, "body JSON")
     s = msg.get("sid") if isinstance(msg, dict) else None
     if not valid_sid(s):

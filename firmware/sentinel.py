@@ -31,6 +31,7 @@ class Sentinel:
         self._up_last = self._t0
         self._up_ms = 0
         self.raised = {}
+        self.heap_hwm = 0
         st = protocol.topic(self.sid, protocol.STATUS)
         self.mqtt = mqtt.Client(
             board,
@@ -124,6 +125,10 @@ class Sentinel:
             else:
                 self.log("wdt", "power watch stalled; not feeding the watchdog")
             gc.collect()
+            # The live heap, measured after a collection: before one it only shows garbage piling up.
+            live = gc.mem_alloc()
+            if live > self.heap_hwm:
+                self.heap_hwm = live
             await asyncio.sleep_ms(1000)
 
     async def _heartbeat(self):
@@ -137,7 +142,12 @@ class Sentinel:
         present = await self.mains.settle()
         self.emit(
             protocol.BOOT,
-            {"reset_cause": self.reset_cause, "boot_count": self.boot_count, "mains": present, "board": self.board.name},
+            {
+                "reset_cause": self.reset_cause,
+                "boot_count": self.boot_count,
+                "mains": present,
+                "board": self.board.name,
+            },
         )
         if not present:
             # Booted on battery (a reboot mid-outage): the bridge must still hear it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -72,10 +73,9 @@ class Bridge:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            # Not possible off the main thread, where the demo and tests run a bridge.
+            with contextlib.suppress(RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
-            except (RuntimeError, ValueError):
-                pass  # not the main thread (tests run the bridge in a thread of their own)
         self.link = MqttLink(self.settings.mqtt, self.queue, loop)
         self.link.start()
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))

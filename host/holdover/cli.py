@@ -48,7 +48,9 @@ def emu(
     config: Path = typer.Option(..., "--config", "-c", help="The board's config.json, as it would be on the ESP32."),
     control: str = typer.Option("127.0.0.1:7300", help="HOST:PORT of the JSON-lines control port."),
     heap: str = typer.Option("110K", help="MicroPython heap size; 110K is an ESP32-WROOM with WiFi up."),
-    state: Path | None = typer.Option(None, help="Directory for the board's NVS and physical world (default: a temporary one)."),
+    state: Path | None = typer.Option(
+        None, help="Directory for the board's NVS and physical world (default: a temporary one)."
+    ),
 ) -> None:
     """Run the unchanged firmware in the MicroPython unix port on the emulated board."""
     from holdover.emulator import Emulator, EmulatorError, parse_hostport
@@ -79,3 +81,7 @@ def demo(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -100,7 +100,16 @@ class HookRunner:
     def _record(self, event: Event, hook: HookSettings, started: float, outcome: str, rc: int | None, out: str) -> None:
         ended = time.time()
         level = logging.INFO if outcome == "ok" else logging.WARNING
-        log.log(level, "hook %s for %s/%s after %.2fs (rc=%s): %s", outcome, event.sid, event.kind, ended - started, rc, hook.run)
+        log.log(
+            level,
+            "hook %s for %s/%s after %.2fs (rc=%s): %s",
+            outcome,
+            event.sid,
+            event.kind,
+            ended - started,
+            rc,
+            hook.run,
+        )
         self.journal.hook_run(event.id, hook.run, started, ended, outcome, rc, out)
         if self.on_done:
             self.on_done(

@@ -144,7 +144,8 @@ class Journal:
         self, event_id: int, hook: str, started: float, ended: float, outcome: str, rc: int | None, output: str
     ) -> None:
         self.db.execute(
-            "INSERT INTO hook_runs (event_id, hook, started, ended, outcome, returncode, output) VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO hook_runs (event_id, hook, started, ended, outcome, returncode, output) "
+            "VALUES (?,?,?,?,?,?,?)",
             (event_id, hook, started, ended, outcome, rc, output),
         )
 

@@ -94,15 +94,23 @@ class Rig:
 
     # --- parts -----------------------------------------------------------------------------
 
-    def start(self, bridge: bool = True) -> Rig:
+    def start(self, bridge: bool = True, emulator: bool = True) -> Rig:
+        """Broker first, then the bridge, then the sentinel, so the bridge hears the boot event."""
         self.broker.start()
-        fw, br = self.write_configs()
+        _fw, br = self.write_configs()
         if bridge:
             self.start_bridge(settings_mod.load(br))
-        self.emulator = Emulator(fw, self.control_addr, heap=self.heap, state_dir=self.dir / "board", on_line=self._line)
+        if emulator:
+            self.start_emulator()
+        return self
+
+    def start_emulator(self) -> None:
+        fw = self.dir / "config.json"
+        self.emulator = Emulator(
+            fw, self.control_addr, heap=self.heap, state_dir=self.dir / "board", on_line=self._line
+        )
         self.emulator.start_thread()
         self.control.connect()
-        return self
 
     def start_bridge(self, cfg: settings_mod.Settings) -> None:
         b = Bridge(cfg, on_verdict=self._verdict, on_hook=self._hook)
@@ -161,4 +169,3 @@ class Rig:
                 if left <= 0:
                     raise TimeoutError(f"no {what!r} within {timeout}s; saw {[x.what for x in self.seen[-10:]]}")
                 self._cv.wait(left)
-

@@ -1,0 +1,230 @@
+"""End to end: emulated sentinel + real Mosquitto + the `holdover bridge` command, with real hook processes."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+import tomli_w
+from paho.mqtt.enums import CallbackAPIVersion
+
+from holdover.firmware import protocol
+from holdover.journal import Journal
+from holdover.rig import Rig
+
+# Each hook appends one JSON line of what it was told, so the test sees every run.
+RECORD = (
+    f"{sys.executable} -c \"import json,os,sys; open(sys.argv[1],'a').write(json.dumps("
+    "{k: os.environ[k] for k in ('HOLDOVER_EVENT','HOLDOVER_SENTINEL','HOLDOVER_PAYLOAD')})+'\\n')\" "
+)
+
+
+def _runs(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class BridgeProcess:
+    def __init__(self, rig: Rig, hooks: list[dict]) -> None:
+        cfg = rig.bridge_config()
+        cfg["hooks"] = hooks
+        self.config = rig.dir / "bridge.toml"
+        self.config.write_text(tomli_w.dumps(cfg))
+        self.log = rig.dir / "bridge.log"
+        self.journal_path = Path(cfg["journal"]["path"])
+        with self.log.open("w") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "holdover.cli", "bridge", "--config", str(self.config)], stdout=f, stderr=f
+            )
+        _wait_for(lambda: "connected to broker" in self.log.read_text(), 20, "the bridge to connect")
+
+    def journal(self) -> Journal:
+        return Journal(self.journal_path)
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(15)
+
+
+@pytest.fixture
+def e2e(tmp_path: Path):
+    rig = Rig(tmp_path / "rig", debounce_ms=300).start(bridge=False, emulator=False)
+    hooks_file = tmp_path / "hooks.jsonl"
+    hooks = [{"events": ["mains_lost", "mains_restored"], "run": RECORD + str(hooks_file), "timeout": 10.0}]
+    bridge = BridgeProcess(rig, hooks)
+    rig.start_emulator()
+    yield rig, bridge, hooks_file
+    rc = bridge.stop()
+    rig.close()
+    assert rc == 0, bridge.log.read_text()
+
+
+def _publisher(rig: Rig) -> paho.Client:
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="attacker-" + secrets.token_hex(3))
+    c.connect(rig.broker.host, rig.broker.port)
+    c.loop_start()
+    return c
+
+
+def test_power_cut_and_restore_run_the_hooks_once_each(e2e) -> None:
+    rig, bridge, hooks_file = e2e
+    _wait_for(lambda: any(e.kind == "boot" for e in bridge.journal().events()), 20, "the boot event")
+
+    rig.control.send(mains=False)
+    runs = _wait_for(lambda: _runs(hooks_file), 10, "the mains_lost hook")
+    assert [r["HOLDOVER_EVENT"] for r in runs] == ["mains_lost"]
+    assert runs[0]["HOLDOVER_SENTINEL"] == rig.sid
+    payload = json.loads(runs[0]["HOLDOVER_PAYLOAD"])
+    assert payload["kind"] == "mains_lost" and payload["sid"] == rig.sid and payload["seq"] >= 1
+
+    rig.control.send(mains=True)
+    runs = _wait_for(lambda: len(_runs(hooks_file)) >= 2 and _runs(hooks_file), 10, "the mains_restored hook")
+    assert [r["HOLDOVER_EVENT"] for r in runs] == ["mains_lost", "mains_restored"]
+    assert json.loads(runs[1]["HOLDOVER_PAYLOAD"])["data"]["outage_ms"] >= 300
+
+    # A flicker shorter than the debounce raises nothing and runs nothing.
+    rig.control.send(mains=False)
+    time.sleep(0.1)
+    rig.control.send(mains=True)
+    time.sleep(1.5)
+    assert len(_runs(hooks_file)) == 2
+    j = bridge.journal()
+    assert [e.kind for e in reversed(j.events()) if e.kind.startswith("mains")] == ["mains_lost", "mains_restored"]
+    assert [r["outcome"] for r in j.hook_runs()] == ["ok", "ok"]
+    # Genuine traffic alone: no QoS 1 retransmit ever reached the bridge as a duplicate.
+    assert j.rejections() == []
+    assert rig.control.send(get="state")["state"]["glitches"] >= 1
+
+
+def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
+    rig, bridge, hooks_file = e2e
+    captured: list[bytes] = []
+    spy = _publisher(rig)
+    spy.on_message = lambda _c, _u, m: captured.append(bytes(m.payload))
+    spy.subscribe(protocol.topic(rig.sid, protocol.EVENT), qos=1)
+    time.sleep(0.5)
+    rig.control.send(mains=False)
+    _wait_for(lambda: _runs(hooks_file), 10, "the genuine mains_lost hook")
+    genuine = _wait_for(lambda: [p for p in captured if b"mains_lost" in p], 5, "the captured event")[0]
+
+    topic = protocol.topic(rig.sid, protocol.EVENT)
+    wrong_key = protocol.Signer(secrets.token_bytes(20))
+    spy.publish(topic, protocol.encode(wrong_key, rig.sid, "abcdef01", 1, 5, None, "mains_restored", {}), qos=1)
+    spy.publish(topic, genuine, qos=1)  # the same bytes again: a replay
+    spy.publish(topic, b"\x00\xffgarbage", qos=1)
+    spy.publish(topic, json.dumps({"kind": "mains_restored", "sid": rig.sid}).encode(), qos=1)
+    spy.publish(protocol.topic("stranger", protocol.EVENT), genuine, qos=1)
+    spy.publish(protocol.topic(rig.sid, protocol.STATUS), b"pwned", qos=1)
+    want = {"bad_signature", "replayed", "malformed", "unsigned", "unknown_sentinel"}
+    _wait_for(lambda: want <= {r["reason"] for r in bridge.journal().rejections()}, 10, f"rejections {want}")
+    rejected = bridge.journal().rejections()
+    replay = next(r for r in rejected if r["reason"] == "replayed")
+    assert "already seen" in replay["detail"] and replay["topic"] == topic
+    # Nothing forged ran a hook; the bridge is still up and still accepts genuine events.
+    time.sleep(0.5)
+    assert [r["HOLDOVER_EVENT"] for r in _runs(hooks_file)] == ["mains_lost"]
+    rig.control.send(mains=True)
+    _wait_for(lambda: len(_runs(hooks_file)) == 2, 10, "the genuine mains_restored hook")
+    spy.loop_stop()
+    spy.disconnect()
+
+
+def test_a_replay_is_refused_after_the_bridge_restarts(e2e, tmp_path: Path) -> None:
+    rig, bridge, hooks_file = e2e
+    captured: list[bytes] = []
+    spy = _publisher(rig)
+    spy.on_message = lambda _c, _u, m: captured.append(bytes(m.payload))
+    spy.subscribe(protocol.topic(rig.sid, protocol.EVENT), qos=1)
+    time.sleep(0.5)
+    rig.control.send(mains=False)
+    _wait_for(lambda: _runs(hooks_file), 10, "the mains_lost hook")
+    genuine = _wait_for(lambda: [p for p in captured if b"mains_lost" in p], 5, "the captured event")[0]
+    assert bridge.stop() == 0
+    again = BridgeProcess(rig, [{"events": ["*"], "run": RECORD + str(hooks_file)}])
+    try:
+        spy.publish(protocol.topic(rig.sid, protocol.EVENT), genuine, qos=1)
+        _wait_for(lambda: any(r["reason"] == "replayed" for r in again.journal().rejections()), 10, "the rejection")
+        assert [r["HOLDOVER_EVENT"] for r in _runs(hooks_file)] == ["mains_lost"]
+    finally:
+        bridge.proc = again.proc  # the fixture stops whichever bridge is running
+        spy.loop_stop()
+        spy.disconnect()
+
+
+def test_a_hung_hook_is_killed_and_never_delays_the_next(tmp_path: Path) -> None:
+    fast = tmp_path / "fast.jsonl"
+    rig = Rig(tmp_path / "rig", debounce_ms=100).start(bridge=False, emulator=False)
+    hooks = [
+        {"events": ["mains_lost"], "run": "sleep 60", "timeout": 1.0},
+        {"events": ["mains_lost"], "run": "exit 3"},
+        {"events": ["mains_lost", "mains_restored"], "run": RECORD + str(fast)},
+    ]
+    bridge = BridgeProcess(rig, hooks)
+    rig.start_emulator()
+    try:
+        rig.control.send(mains=False)
+        t = time.monotonic()
+        _wait_for(lambda: _runs(fast), 10, "the fast hook")
+        rig.control.send(mains=True)
+        _wait_for(lambda: len(_runs(fast)) == 2, 10, "the second fast hook")
+        assert time.monotonic() - t < 5  # not held up behind the 60 s sleep
+        runs = _wait_for(lambda: len(bridge.journal().hook_runs()) == 4 and bridge.journal().hook_runs(), 10, "4 runs")
+        outcomes = {r["hook"]: r["outcome"] for r in runs}
+        assert outcomes["sleep 60"] == "timeout"
+        assert outcomes["exit 3"] == "failed"
+        slept = next(r for r in runs if r["hook"] == "sleep 60")
+        assert 0.9 < slept["ended"] - slept["started"] < 5
+    finally:
+        assert bridge.stop() == 0
+        rig.close()
+
+
+def test_bridge_refuses_a_bad_config_listing_every_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[mqtt]\nport = 99999\ncolour = "blue"\n'
+        '[[sentinels]]\nid = "has space"\nkey = "short"\n'
+        '[[hooks]]\nevents = ["mains_lsot"]\nrun = "true"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "holdover.cli", "bridge", "--config", str(bad)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    for fragment in ("mqtt.port", "mqtt.colour", "sentinels.0.id", "sentinels.0", "hooks.0.events", "mains_lsot"):
+        assert fragment in proc.stderr, (fragment, proc.stderr)
+    garbled = tmp_path / "garbled.toml"
+    garbled.write_text("[mqtt\nport=")
+    proc = subprocess.run(
+        [sys.executable, "-m", "holdover.cli", "bridge", "--config", str(garbled)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "not valid TOML" in proc.stderr
+
+
+def test_emu_refuses_a_bad_board_config_naming_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "127.0.0.1"}, "mains": {}}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "holdover.cli", "emu", "--config", str(cfg), "--state", str(tmp_path / "st")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "mains.pin: required" in proc.stdout + proc.stderr

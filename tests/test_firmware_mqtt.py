@@ -1,0 +1,167 @@
+"""The firmware's own MQTT client, in the MicroPython unix port under a 110K heap, against real Mosquitto."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from conftest import run_micropython
+from holdover.firmware import protocol
+from holdover.rig import Rig
+
+
+class Listener:
+    """A paho subscriber that records (topic, payload, retained) as it arrives."""
+
+    def __init__(self, rig: Rig, topics: list[str], client_id: str = "", persistent: bool = False) -> None:
+        self.q: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
+        kw = {"client_id": client_id, "clean_session": False} if persistent else {}
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, **kw)
+        self.topics = topics
+        self.c.on_connect = lambda c, *_: c.subscribe([(t, 1) for t in topics])
+        self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
+        self.c.reconnect_delay_set(0.2, 1)
+        self.c.connect(rig.broker.host, rig.broker.port)
+        self.c.loop_start()
+
+    def next(self, timeout: float, match=lambda t, p, r: True) -> tuple[str, bytes, bool]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("nothing matching arrived")
+            try:
+                item = self.q.get(timeout=left)
+            except queue.Empty:
+                continue
+            if match(*item):
+                return item
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def _event_kind(rig: Rig, payload: bytes) -> str:
+    return protocol.open_envelope(payload, protocol.Signer(rig.key), rig.sid)["kind"]
+
+
+def test_last_will_fires_when_the_board_network_is_cut(rig_factory) -> None:
+    rig = rig_factory(bridge=False, keepalive_s=2)
+    status = protocol.topic(rig.sid, protocol.STATUS)
+    lis = Listener(rig, [status])
+    try:
+        lis.next(15, lambda t, p, r: p == b"online")
+        t = time.monotonic()
+        rig.control.send(wlan=False)
+        lis.next(10, lambda t, p, r: p == b"offline")
+        # The broker notices a silent client within 1.5 keepalives; the firmware may give up sooner.
+        # Mosquitto checks keepalives about once a second, so allow a few seconds over 1.5 keepalives.
+        assert time.monotonic() - t < 2 * 1.5 + 4
+        # The radio comes back: the firmware reconnects by itself and is born again.
+        rig.control.send(wlan=True)
+        lis.next(15, lambda t, p, r: p == b"online")
+    finally:
+        lis.close()
+
+
+def test_retained_state_is_there_for_a_late_subscriber(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    rig.control.send(mains=False)
+    time.sleep(rig.debounce_ms / 1000 + 0.5)
+    lis = Listener(rig, [protocol.topic(rig.sid, protocol.STATE), protocol.topic(rig.sid, protocol.STATUS)])
+    try:
+        _t, payload, retained = lis.next(10, lambda t, p, r: t.endswith("/state"))
+        assert retained
+        body = protocol.open_envelope(payload, protocol.Signer(rig.key), rig.sid)
+        assert body["kind"] == protocol.STATE_KIND
+        assert body["data"]["mains"] is False
+        _t, status, retained = lis.next(5, lambda t, p, r: t.endswith("/status"))
+        assert (status, retained) == (b"online", True), rig.lines
+    finally:
+        lis.close()
+
+
+def test_qos1_event_raised_while_mosquitto_restarts_still_arrives(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    events = protocol.topic(rig.sid, protocol.EVENT)
+    # A persistent session, so the broker keeps what arrives for it while it reconnects too.
+    lis = Listener(rig, [events], client_id="test-listener", persistent=True)
+    try:
+        lis.next(15, lambda t, p, r: _event_kind(rig, p) == "boot")
+        rig.broker.stop()
+        rig.control.send(mains=False)
+        time.sleep(rig.debounce_ms / 1000 + 1.0)  # raised, queued, unsent: there is no broker
+        state = rig.control.send(get="state")["state"]
+        assert state["mains"] is False and state["queued"] >= 1
+        rig.broker.start()
+        _t, payload, _r = lis.next(30, lambda t, p, r: _event_kind(rig, p) == "mains_lost")
+        body = protocol.open_envelope(payload, protocol.Signer(rig.key), rig.sid)
+        # The event keeps the time it was raised, not the time it was finally delivered.
+        assert body["ms"] < rig.control.send(get="state")["state"]["uptime_ms"] - 500
+    finally:
+        lis.close()
+
+
+def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    for _ in range(5):
+        rig.control.send(mains=False)
+        time.sleep(0.4)
+        rig.control.send(mains=True)
+        time.sleep(0.4)
+    mem = rig.control.send(get="mem")["mem"]
+    total = mem["free"] + mem["alloc"]
+    assert total <= 110 * 1024
+    assert 0 < mem["hwm"] < total
+    assert mem["free"] > 40 * 1024, mem  # after a collection, the working set leaves room for WiFi buffers
+
+
+def test_bad_control_commands_get_an_error_naming_the_problem(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    for line, fragment in [
+        (b"not json", "not JSON"),
+        (b'{"mains": "yes"}', "mains: expected true or false"),
+        (b'{"battery_v": -1}', "battery_v"),
+        (b'{"teleport": 1}', "unknown command"),
+        (b'{"get": "secrets"}', "get: expected"),
+        (b'{"mains": false, "wlan": false}', "exactly one key"),
+    ]:
+        reply = rig.control.raw(line)
+        assert reply["ok"] is False and fragment in reply["error"], (line, reply)
+    assert rig.control.send(get="world")["world"]["mains"] is True
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        ('{"key": "0123456789abcdef", "mqtt": {"host": "1.2.3.4"}, "mains": {"pin": 4}}', "sentinel_id: required"),
+        ('{"sentinel_id": "s", "key": "short", "mqtt": {"host": "h"}, "mains": {"pin": 4}}', "key: must be at least"),
+        (
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h", "port": 70000}, "mains": {"pin": 4}}',
+            "mqtt.port: must be in 1..65535",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h"}, "mains": {"pin": 4, "mode": "ac"}}',
+            "mains.mode: must be one of",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h"}, "mains": {"pin": 4}, "x": 1}',
+            "x: unknown key",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h"}, "mains": {"pin": true}}',
+            "mains.pin: must be an integer",
+        ),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_firmware_config_errors_name_the_key(tmp_path, cfg: str, message: str) -> None:
+    f = tmp_path / "config.json"
+    f.write_text(cfg)
+    out = run_micropython("validate_config.py", str(f))
+    assert out.startswith("error:") and message in out, out
