@@ -70,6 +70,17 @@ class _Output:
         self.level = 1 if v else 0
 
 
+class _ADC:
+    # The battery sense pin sits behind the 100k/100k divider of hardware/README.md.
+    DIVIDER = 2.0
+
+    def __init__(self, board):
+        self.board = board
+
+    def read_uv(self):
+        return int(self.board.world["battery_v"] / self.DIVIDER * 1000000)
+
+
 class _WDT:
     def __init__(self, board, timeout_ms):
         self.board = board
@@ -188,6 +199,9 @@ class Board:
     def output(self, num, value=0):
         return _Output(value)
 
+    def adc(self, num):
+        return _ADC(self)
+
     def wdt(self, timeout_ms):
         self._wdt = _WDT(self, timeout_ms)
         return self._wdt
@@ -283,6 +297,8 @@ class Board:
                 return {"ok": True, "state": self.app.snapshot() if self.app else None}
             if v == "world":
                 return {"ok": True, "world": self.world}
+            if v == "adc":
+                return {"ok": True, "adc_uv": _ADC(self).read_uv()}
             if v == "mem":
                 gc.collect()
                 return {
@@ -293,7 +309,7 @@ class Board:
                         "hwm": self.app.heap_hwm if self.app else 0,
                     },
                 }
-            return {"ok": False, "error": "get: expected state, world or mem"}
+            return {"ok": False, "error": "get: expected state, world, adc or mem"}
         return {"ok": False, "error": "unknown command %r" % k}
 
     async def _client(self, r, w):

@@ -76,6 +76,11 @@ class Board:
         # value= before the direction switch, so the pin never glitches the relay at boot.
         return machine.Pin(num, machine.Pin.OUT, value=value)
 
+    def adc(self, num):
+        # ADC1 only (GPIO 32-39): ADC2 is taken by the WiFi driver. 11 dB reads up to ~3.1 V,
+        # and read_uv() applies the chip's factory calibration.
+        return machine.ADC(machine.Pin(num), atten=machine.ADC.ATTN_11DB)
+
     def wdt(self, timeout_ms):
         return machine.WDT(timeout=timeout_ms)
 

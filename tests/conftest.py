@@ -10,17 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from holdover.broker import Broker
 from holdover.emulator import firmware_dir, micropython_binary
 from holdover.rig import Rig
 
 MPY_DIR = Path(__file__).parent / "mpy"
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    with Broker(workdir=tmp_path / "broker") as b:
-        yield b
 
 
 def run_micropython(script: str, *args: str, heap: str = "110K", timeout: float = 60) -> str:

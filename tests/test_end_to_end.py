@@ -41,6 +41,28 @@ def _wait_for(pred, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class ReadJournal:
+    """A read-only look at the bridge's journal, closed after each query."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _q(self, name: str, *a: object) -> list:
+        if not self.path.exists():
+            return []
+        with Journal(self.path, readonly=True) as j:
+            return getattr(j, name)(*a)
+
+    def events(self) -> list:
+        return self._q("events")
+
+    def rejections(self) -> list:
+        return self._q("rejections")
+
+    def hook_runs(self) -> list:
+        return self._q("hook_runs")
+
+
 class BridgeProcess:
     def __init__(self, rig: Rig, hooks: list[dict]) -> None:
         cfg = rig.bridge_config()
@@ -55,8 +77,8 @@ class BridgeProcess:
             )
         _wait_for(lambda: "connected to broker" in self.log.read_text(), 20, "the bridge to connect")
 
-    def journal(self) -> Journal:
-        return Journal(self.journal_path)
+    def journal(self) -> ReadJournal:
+        return ReadJournal(self.journal_path)
 
     def stop(self) -> int:
         self.proc.terminate()

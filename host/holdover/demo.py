@@ -122,11 +122,10 @@ def run_demo(debounce_ms: int = 300) -> int:
             rig.close()
             return 1
         rig.close()
-        journal = Journal(Path(tmp) / "journal.db")
-        events = journal.events(limit=1000)
-        rejected = journal.rejections()
-        runs = journal.hook_runs()
-        journal.close()
+        with Journal(Path(tmp) / "journal.db", readonly=True) as journal:
+            events = journal.events(limit=1000)
+            rejected = journal.rejections()
+            runs = journal.hook_runs()
         console.rule("journal")
         console.print(f"accepted events: {', '.join(e.kind for e in reversed(events))}")
         console.print(f"rejected: {json.dumps([r['reason'] for r in rejected])}")
