@@ -135,8 +135,8 @@ def test_power_cut_and_restore_run_the_hooks_once_each(e2e) -> None:
     assert rig.control.send(get="state")["state"]["glitches"] >= 1
 
 
-def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
-    rig, bridge, hooks_file = e2e
+def _cut_and_capture(rig: Rig, hooks_file: Path) -> tuple[paho.Client, bytes]:
+    """Cut mains with an eavesdropper on the event topic; returns it and the genuine mains_lost bytes."""
     captured: list[bytes] = []
     spy = _publisher(rig)
     spy.on_message = lambda _c, _u, m: captured.append(bytes(m.payload))
@@ -145,6 +145,12 @@ def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
     rig.control.send(mains=False)
     _wait_for(lambda: _runs(hooks_file), 10, "the genuine mains_lost hook")
     genuine = _wait_for(lambda: [p for p in captured if b"mains_lost" in p], 5, "the captured event")[0]
+    return spy, genuine
+
+
+def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
+    rig, bridge, hooks_file = e2e
+    spy, genuine = _cut_and_capture(rig, hooks_file)
 
     topic = protocol.topic(rig.sid, protocol.EVENT)
     wrong_key = protocol.Signer(secrets.token_bytes(20))
@@ -170,14 +176,7 @@ def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
 
 def test_a_replay_is_refused_after_the_bridge_restarts(e2e, tmp_path: Path) -> None:
     rig, bridge, hooks_file = e2e
-    captured: list[bytes] = []
-    spy = _publisher(rig)
-    spy.on_message = lambda _c, _u, m: captured.append(bytes(m.payload))
-    spy.subscribe(protocol.topic(rig.sid, protocol.EVENT), qos=1)
-    time.sleep(0.5)
-    rig.control.send(mains=False)
-    _wait_for(lambda: _runs(hooks_file), 10, "the mains_lost hook")
-    genuine = _wait_for(lambda: [p for p in captured if b"mains_lost" in p], 5, "the captured event")[0]
+    spy, genuine = _cut_and_capture(rig, hooks_file)
     assert bridge.stop() == 0
     again = BridgeProcess(rig, [{"events": ["*"], "run": RECORD + str(hooks_file)}])
     try:
