@@ -40,10 +40,10 @@ def run_micropython_json(script: str, payload: object, tmp_path: Path) -> object
 def rig_factory(tmp_path: Path) -> Iterator:
     rigs: list[Rig] = []
 
-    def make(bridge: bool = True, **kw: object) -> Rig:
+    def make(bridge: bool = True, emulator: bool = True, **kw: object) -> Rig:
         r = Rig(tmp_path / f"rig{len(rigs)}", **kw)  # type: ignore[arg-type]
         rigs.append(r)
-        return r.start(bridge=bridge)
+        return r.start(bridge=bridge, emulator=emulator)
 
     yield make
     for r in rigs:

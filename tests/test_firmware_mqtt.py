@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 import time
 
 import paho.mqtt.client as paho
@@ -22,7 +23,9 @@ class Listener:
         kw = {"client_id": client_id, "clean_session": False} if persistent else {}
         self.c = paho.Client(CallbackAPIVersion.VERSION2, **kw)
         self.topics = topics
+        self.subscribed = threading.Event()
         self.c.on_connect = lambda c, *_: c.subscribe([(t, 1) for t in topics])
+        self.c.on_subscribe = lambda *_: self.subscribed.set()
         self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
         self.c.reconnect_delay_set(0.2, 1)
         self.c.connect(rig.broker.host, rig.broker.port)
@@ -87,10 +90,12 @@ def test_retained_state_is_there_for_a_late_subscriber(rig_factory) -> None:
 
 
 def test_qos1_event_raised_while_mosquitto_restarts_still_arrives(rig_factory) -> None:
-    rig = rig_factory(bridge=False)
+    rig = rig_factory(bridge=False, emulator=False)
     events = protocol.topic(rig.sid, protocol.EVENT)
     # A persistent session, so the broker keeps what arrives for it while it reconnects too.
     lis = Listener(rig, [events], client_id="test-listener", persistent=True)
+    assert lis.subscribed.wait(10)
+    rig.start_emulator()  # only now: the boot event must not go out before anyone listens
     try:
         lis.next(15, lambda t, p, r: _event_kind(rig, p) == "boot")
         rig.broker.stop()
