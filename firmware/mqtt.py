@@ -159,8 +159,10 @@ class Client:
             except Exception:
                 pass
         for m in self.outbox:
+            # Unsent again: a new connection gives it a new packet id, so no stale PUBACK matches.
             m.sent_ms = None
             m.tries = 0
+            m.pid = 0
 
     async def _write(self, data):
         async with self._lock:
@@ -273,7 +275,7 @@ class Client:
             if kind == PUBACK:
                 pid = struct.unpack("!H", body)[0]
                 for m in self.outbox:
-                    if m.pid == pid and m.qos:
+                    if m.pid == pid and m.sent_ms is not None:
                         self.outbox.remove(m)
                         self._kick.set()
                         break

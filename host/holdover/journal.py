@@ -88,29 +88,30 @@ class Event:
 class Journal:
     """The journal; also usable as a context manager that closes the connection."""
 
-    def __enter__(self) -> Journal:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __init__(self, path: Path | str, readonly: bool = False) -> None:
         self.path = Path(path)
         if readonly:
             # A reader (tests, status commands) never takes the write lock the bridge needs.
             self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
-            self.db.execute("PRAGMA busy_timeout=5000")
-            return
-        if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Used by one thread at a time (the bridge loop), but not always the one that opened it.
-        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        else:
+            if str(path) != ":memory:":
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Used by one thread at a time (the bridge loop), but not always the one that opened it.
+            self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA busy_timeout=5000")
+        if readonly:
+            return
         self.db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a process crash; a power cut may lose the last few
         # commits, which the sentinel would re-send anyway (its queue waits for PUBACK).
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         self.db.close()
