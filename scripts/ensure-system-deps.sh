@@ -5,6 +5,9 @@ set -euo pipefail
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+# gcore (gdb) dumps a training process that cannot checkpoint in time; tmux hosts `holdover launch`.
+command -v gdb >/dev/null 2>&1 || need+=(gdb)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "holdover needs: ${need[*]}. Install them with:  sudo apt-get install -y ${need[*]}" >&2

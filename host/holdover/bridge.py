@@ -15,6 +15,7 @@ from holdover.gate import Gate, Verdict
 from holdover.hooks import HookRunner
 from holdover.journal import Journal
 from holdover.mqtt_link import Inbound, MqttLink
+from holdover.rescue import Rescuer
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")
@@ -41,6 +42,7 @@ class Bridge:
         self.journal = Journal(self.settings.journal.path)
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
+        self.rescuer = Rescuer(self.settings.protect, self.journal)
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
         self._stop = asyncio.Event()
         self.link: MqttLink | None = None
@@ -63,6 +65,7 @@ class Bridge:
                 view.last_event = v.event.kind
                 log.info("event %s from %s (boot %s seq %d)", v.event.kind, v.sid, v.event.boot, v.event.seq)
                 self.hooks.dispatch(v.event)
+                self.rescuer.on_event(v.event)
         if self.on_verdict:
             self.on_verdict(v)
         return v
@@ -78,6 +81,7 @@ class Bridge:
                 loop.add_signal_handler(sig, self.stop)
         self.link = MqttLink(self.settings.mqtt, self.queue, loop)
         self.link.start()
+        self.rescuer.recover()
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
         stopper = asyncio.create_task(self._stop.wait())
         try:
@@ -91,6 +95,8 @@ class Bridge:
         finally:
             stopper.cancel()
             self.link.stop()
+            # An unfinished rescue stays 'active' in the journal; the next bridge resumes it.
+            await self.rescuer.close()
             await self.hooks.drain()
             self.journal.close()
             log.info("bridge stopped")

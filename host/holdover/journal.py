@@ -55,6 +55,34 @@ CREATE TABLE IF NOT EXISTS sentinels (
     state_ts INTEGER,
     state TEXT
 );
+CREATE TABLE IF NOT EXISTS rescues (
+    id INTEGER PRIMARY KEY,
+    event_id INTEGER UNIQUE REFERENCES events(id),
+    sid TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    started REAL NOT NULL,
+    deadline REAL NOT NULL,
+    critical INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    finished REAL
+);
+CREATE TABLE IF NOT EXISTS rescue_steps (
+    id INTEGER PRIMARY KEY,
+    rescue_id INTEGER NOT NULL REFERENCES rescues(id),
+    ts REAL NOT NULL,
+    target TEXT NOT NULL,
+    pid INTEGER,
+    action TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS alerts (
+    id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    severity TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    text TEXT NOT NULL,
+    sent REAL
+);
 """
 PAYLOAD_KEEP = 1024  # bytes of a rejected payload kept as evidence
 
@@ -216,3 +244,61 @@ class Journal:
         cols = ("event_id", "hook", "started", "ended", "outcome", "returncode", "output")
         q = "SELECT event_id, hook, started, ended, outcome, returncode, output FROM hook_runs ORDER BY id"
         return [dict(zip(cols, r, strict=True)) for r in self.db.execute(q)]
+
+    # --- emergency rescues (see rescue.py) ---------------------------------------------------------
+
+    def rescue_open(self, event_id: int, sid: str, reason: str, deadline: float, critical: bool) -> int | None:
+        """A new rescue for a triggering event; None if that event already started one."""
+        try:
+            cur = self.db.execute(
+                "INSERT INTO rescues (event_id, sid, reason, started, deadline, critical, state) "
+                "VALUES (?,?,?,?,?,?,'active')",
+                (event_id, sid, reason, time.time(), deadline, int(critical)),
+            )
+        except sqlite3.IntegrityError:
+            return None
+        return cur.lastrowid
+
+    def rescue_update(self, rescue_id: int, **fields: Any) -> None:
+        allowed = {"deadline", "critical", "state", "finished", "reason"}
+        cols = [k for k in fields if k in allowed]
+        self.db.execute(
+            f"UPDATE rescues SET {', '.join(f'{c}=?' for c in cols)} WHERE id=?",
+            (*[fields[c] for c in cols], rescue_id),
+        )
+
+    def rescues(self, state: str | None = None) -> list[dict[str, Any]]:
+        cols = ("id", "event_id", "sid", "reason", "started", "deadline", "critical", "state", "finished")
+        q = f"SELECT {', '.join(cols)} FROM rescues"
+        rows = self.db.execute(q + (" WHERE state=?" if state else "") + " ORDER BY id", (state,) if state else ())
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def step(self, rescue_id: int, target: str, pid: int | None, action: str, **detail: Any) -> None:
+        self.db.execute(
+            "INSERT INTO rescue_steps (rescue_id, ts, target, pid, action, detail) VALUES (?,?,?,?,?,?)",
+            (rescue_id, time.time(), target, pid, action, json.dumps(detail)),
+        )
+
+    def steps(self, rescue_id: int | None = None, target: str | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT rescue_id, ts, target, pid, action, detail FROM rescue_steps WHERE 1=1", []
+        if rescue_id is not None:
+            q, args = q + " AND rescue_id=?", [*args, rescue_id]
+        if target is not None:
+            q, args = q + " AND target=?", [*args, target]
+        cols = ("rescue_id", "ts", "target", "pid", "action", "detail")
+        out = []
+        for r in self.db.execute(q + " ORDER BY id", args):
+            d = dict(zip(cols, r, strict=True))
+            d["detail"] = json.loads(d["detail"])
+            out.append(d)
+        return out
+
+    def alert(self, severity: str, kind: str, text: str) -> None:
+        self.db.execute(
+            "INSERT INTO alerts (ts, severity, kind, text) VALUES (?,?,?,?)", (time.time(), severity, kind, text)
+        )
+
+    def alerts(self) -> list[dict[str, Any]]:
+        cols = ("ts", "severity", "kind", "text", "sent")
+        rows = self.db.execute(f"SELECT {', '.join(cols)} FROM alerts ORDER BY id")
+        return [dict(zip(cols, r, strict=True)) for r in rows]

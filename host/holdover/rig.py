@@ -42,6 +42,7 @@ class Rig:
         heartbeat_s: int = 30,
         heap: str = "110K",
         hooks: list[dict[str, Any]] | None = None,
+        protect: dict[str, Any] | None = None,
         on_line: Callable[[str], None] | None = None,
         on_seen: Callable[[Seen], None] | None = None,
     ) -> None:
@@ -55,6 +56,7 @@ class Rig:
         self.heartbeat_s = heartbeat_s
         self.heap = heap
         self.hooks = hooks or []
+        self.protect = protect
         self.on_line = on_line or (lambda line: None)
         self.on_seen = on_seen or (lambda s: None)
         self.seen: list[Seen] = []
@@ -83,6 +85,7 @@ class Rig:
             "journal": {"path": str(self.dir / "journal.db")},
             "sentinels": [{"id": self.sid, "key": self.key}],
             "hooks": self.hooks,
+            **({"protect": self.protect} if self.protect is not None else {}),
         }
 
     def write_configs(self) -> tuple[Path, Path]:

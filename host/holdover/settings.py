@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -73,11 +74,54 @@ class HookSettings(_Strict):
         return ("*" in self.events or kind in self.events) and (not self.sentinels or sid in self.sentinels)
 
 
+class ProtectSettings(_Strict):
+    """What the bridge does for training runs when the sentinel reports the node is on battery."""
+
+    enabled: bool = True
+    registry: Path | None = Field(None, description="where protected runs register; default as holdover.train")
+    grace: float = Field(10.0, ge=0, le=3600, description="seconds on battery before saving (upssched-like)")
+    runtime_default: float = Field(600.0, gt=0, description="UPS runtime (s) when the event carries no estimate")
+    margin: float = Field(60.0, ge=0, description="seconds of the runtime estimate kept in reserve")
+    hang_after: float = Field(30.0, gt=0, description="a save that reports no progress this long is hung")
+    after_save: Literal["continue", "exit"] = "continue"
+    rescue_dir: Path = Path("holdover-rescue")
+    gcore: bool = True
+    gcore_rate_mb_s: float = Field(350.0, gt=0, description="measured gcore speed, for its time budget")
+    shm: list[str] = Field(default_factory=list, description="globs under /dev/shm copied on rescue")
+    final_command: str = Field("", description="run once all targets are saved or rescued, on battery_critical")
+    final_timeout: float = Field(60.0, gt=0)
+    match_cmdline: list[str] = Field(default_factory=list, description="regexes for unregistered training processes")
+    match_tmux: list[str] = Field(default_factory=list, description="globs of tmux session names to protect")
+    signal: str = Field("SIGUSR2", description="signal for matched processes without a registration")
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v: str) -> str:
+        import signal as sig
+
+        if not hasattr(sig, v) or not v.startswith("SIG"):
+            raise ValueError(f"unknown signal {v!r} (e.g. SIGUSR2)")
+        return v
+
+    @field_validator("match_cmdline")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        import re
+
+        for r in v:
+            try:
+                re.compile(r)
+            except re.error as e:
+                raise ValueError(f"bad regex {r!r}: {e}") from None
+        return v
+
+
 class Settings(_Strict):
     mqtt: MqttSettings = MqttSettings()
     journal: JournalSettings = JournalSettings()
     sentinels: list[SentinelSettings] = Field(default_factory=list)
     hooks: list[HookSettings] = Field(default_factory=list)
+    protect: ProtectSettings = ProtectSettings()
 
     @model_validator(mode="after")
     def _unique_sentinels(self) -> Settings:

@@ -1,0 +1,327 @@
+"""The emergency policy: on battery, get every training run a verified checkpoint inside the UPS runtime.
+
+Timeline of one rescue (all of it journaled, step by step):
+
+  mains_lost ── grace (upssched-like; mains_restored inside it cancels) ──> rescue starts
+  battery_low / battery_critical ──────────────────────────────────────────> rescue starts at once
+  for each target, concurrently:
+      ask to save (socket; the signal if the socket is unreachable) ─> follow progress
+      ─> verify every hash of the new manifest ─> done
+      no answer, hung (no progress for hang_after), failed, or too late for the deadline
+      ─> gcore into the rescue directory, copy configured /dev/shm files, each hashed
+  all targets settled and the battery critical ─> the final command (NUT's SHUTDOWNCMD)
+
+The deadline is the sentinel's runtime estimate minus a margin, and a target's save is abandoned
+early enough to leave the gcore its measured time. A restarted bridge picks up active rescues from
+the journal: a save request carries an id and the training side treats a repeated id as "watch",
+so a restart never makes a run save twice, and a signal already sent is never sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from holdover import dump
+from holdover.firmware import protocol
+from holdover.journal import Event, Journal
+from holdover.settings import ProtectSettings
+from holdover.targets import Target, discover
+from holdover.train import ckpt, registry
+
+log = logging.getLogger("holdover.rescue")
+TRIGGERS = (protocol.MAINS_LOST, protocol.BATTERY_LOW, protocol.BATTERY_CRITICAL)
+
+
+def runtime_of(event: Event, default: float) -> float:
+    """The sentinel's remaining-runtime estimate carried by the event (seconds), else the configured default."""
+    v = event.data.get("runtime_s")
+    return float(v) if isinstance(v, int | float) and v > 0 else default
+
+
+class Rescuer:
+    def __init__(self, settings: ProtectSettings, journal: Journal,
+                 on_alert: Callable[[str, str, str], None] | None = None) -> None:
+        self.s = settings
+        self.journal = journal
+        self.on_alert = on_alert
+        self._grace: asyncio.Task[None] | None = None
+        self._active: dict[int, asyncio.Task[None]] = {}
+        self._deadline: dict[int, float] = {}
+        self._critical: dict[int, bool] = {}
+
+    # --- events in ----------------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        if not self.s.enabled:
+            return
+        if event.kind == protocol.MAINS_RESTORED:
+            if self._grace and not self._grace.done():
+                self._grace.cancel()
+                log.info("mains back within the %.0fs grace: no emergency checkpoint", self.s.grace)
+            return
+        if event.kind not in TRIGGERS:
+            return
+        critical = event.kind == protocol.BATTERY_CRITICAL
+        deadline = event.rx_ts + runtime_of(event, self.s.runtime_default) - self.s.margin
+        if self._active:
+            # Already saving: a later, worse estimate shortens the deadline; critical arms the final command.
+            for rid in self._active:
+                if deadline < self._deadline[rid]:
+                    self._deadline[rid] = deadline
+                    self.journal.rescue_update(rid, deadline=deadline)
+                if critical and not self._critical[rid]:
+                    self._critical[rid] = True
+                    self.journal.rescue_update(rid, critical=1)
+            return
+        if event.kind == protocol.MAINS_LOST and self.s.grace > 0:
+            if not (self._grace and not self._grace.done()):
+                self._grace = asyncio.get_running_loop().create_task(self._after_grace(event, deadline))
+            return
+        if self._grace and not self._grace.done():
+            self._grace.cancel()
+        self._open(event, deadline, critical)
+
+    async def _after_grace(self, event: Event, deadline: float) -> None:
+        await asyncio.sleep(self.s.grace)
+        self._open(event, deadline, False)
+
+    def _open(self, event: Event, deadline: float, critical: bool) -> None:
+        rid = self.journal.rescue_open(event.id, event.sid, event.kind, deadline, critical)
+        if rid is None:
+            return  # this event already started a rescue (e.g. before a bridge restart)
+        log.warning("%s from %s: emergency checkpoint of every run, deadline in %.0fs", event.kind, event.sid,
+                    deadline - time.time())
+        self._start(rid, deadline, critical)
+
+    def _start(self, rid: int, deadline: float, critical: bool) -> None:
+        self._deadline[rid] = deadline
+        self._critical[rid] = critical
+        task = asyncio.get_running_loop().create_task(self._rescue(rid))
+        self._active[rid] = task
+        task.add_done_callback(lambda _t, r=rid: self._active.pop(r, None))
+
+    def recover(self) -> int:
+        """Resume the rescues a previous bridge left active; returns how many."""
+        n = 0
+        for r in self.journal.rescues(state="active"):
+            log.warning("resuming rescue %d (%s) left active by a previous bridge", r["id"], r["reason"])
+            self._start(r["id"], r["deadline"], bool(r["critical"]))
+            n += 1
+        return n
+
+    async def wait_idle(self) -> None:
+        while self._active or (self._grace and not self._grace.done()):
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        if self._grace:
+            self._grace.cancel()
+        for t in list(self._active.values()):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    # --- one rescue -----------------------------------------------------------------------------------
+
+    def _alert(self, severity: str, kind: str, text: str) -> None:
+        self.journal.alert(severity, kind, text)
+        log.log(logging.ERROR if severity == "critical" else logging.WARNING, "%s", text)
+        if self.on_alert:
+            self.on_alert(severity, kind, text)
+
+    async def _rescue(self, rid: int) -> None:
+        targets, problems = discover(self.s)
+        for p in problems:
+            log.warning("%s", p)
+        self.journal.step(rid, "*", None, "targets", names=[t.key for t in targets], problems=problems)
+        results = await asyncio.gather(*(self._protect(rid, t) for t in targets), return_exceptions=True)
+        outcomes = {}
+        for t, r in zip(targets, results, strict=True):
+            if isinstance(r, BaseException):
+                log.error("rescue of %s failed: %r", t.key, r)
+                self.journal.step(rid, t.key, t.pid, "error", error=repr(r))
+                outcomes[t.key] = "error"
+            else:
+                outcomes[t.key] = r
+        if self._critical.get(rid) and self.s.final_command:
+            await self._final(rid)
+        self.journal.rescue_update(rid, state="finished", finished=time.time())
+        self.journal.step(rid, "*", None, "finished", outcomes=outcomes)
+
+    def _history(self, rid: int, t: Target) -> list[str]:
+        return [s["action"] for s in self.journal.steps(rid, t.key)]
+
+    async def _protect(self, rid: int, t: Target) -> str:
+        done = self._history(rid, t)
+        for final in ("verified", "rescued", "lost"):
+            if final in done:
+                return final  # settled before a bridge restart
+        reserve = dump.estimate_gcore_seconds(t.pid, self.s.gcore_rate_mb_s) if self.s.gcore else 0.0
+        outcome = await self._ask(rid, t, done, reserve)
+        if outcome is not None:
+            directory, info = outcome
+            try:
+                t0 = time.monotonic()
+                manifest = await asyncio.to_thread(ckpt.verify, directory)
+                vs = time.monotonic() - t0
+                mb_s = manifest.nbytes / max(info.get("seconds") or 1e-9, 1e-9) / 1e6
+                self.journal.step(rid, t.key, t.pid, "verified", dir=str(directory), step=manifest.step,
+                                  bytes=manifest.nbytes, seconds=info.get("seconds"), mb_s=round(mb_s, 1),
+                                  verify_seconds=round(vs, 3))
+                log.info("%s: checkpoint %s verified (%.1f MB in %.2fs)", t.key, directory, manifest.nbytes / 1e6,
+                         info.get("seconds") or 0)
+                return "verified"
+            except ckpt.CheckpointError as e:
+                self.journal.step(rid, t.key, t.pid, "verify_failed", error=str(e))
+                self._alert("critical", "checkpoint_bad", f"{t.name}: the emergency checkpoint does not verify: {e}")
+        return await self._last_resort(rid, t)
+
+    async def _ask(self, rid: int, t: Target, done: list[str], reserve: float) -> tuple[Path, dict[str, Any]] | None:
+        """Get a save out of the target; its directory and the training side's report, or None."""
+        give_up = lambda: self._deadline[rid] - reserve  # noqa: E731 - the deadline can move while we wait
+        request_id = None
+        for s in self.journal.steps(rid, t.key):
+            if s["action"] == "requested":
+                request_id = s["detail"]["id"]
+        if t.socket and Path(t.socket).exists():
+            if request_id is None:
+                request_id = uuid.uuid4().hex[:12]
+                self.journal.step(rid, t.key, t.pid, "requested", id=request_id, via="socket")
+            try:
+                return await self._follow(rid, t, request_id, give_up)
+            except (OSError, ConnectionError) as e:
+                self.journal.step(rid, t.key, t.pid, "socket_failed", error=str(e))
+        if "signalled" in done or "signalled" in self._history(rid, t):
+            log.info("%s: already signalled before a restart; not signalling twice", t.key)
+        elif t.signal:
+            self.journal.step(rid, t.key, t.pid, "signalled", signal=signal.Signals(t.signal).name)
+            try:
+                os.kill(t.pid, t.signal)
+            except ProcessLookupError:
+                self.journal.step(rid, t.key, t.pid, "lost", error="the process is gone")
+                return None
+        else:
+            return None
+        if t.reg is None:
+            # An unregistered process: nothing reports a save, so only the dump is certain.
+            return None
+        return await self._poll_registration(rid, t, give_up)
+
+    async def _follow(self, rid: int, t: Target, request_id: str, give_up: Callable[[], float]) \
+            -> tuple[Path, dict[str, Any]] | None:
+        assert t.socket
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(t.socket), 5)
+        try:
+            writer.write(registry.encode({"op": "save", "id": request_id, "reason": "power",
+                                          "deadline": self._deadline[rid], "after": self.s.after_save}))
+            await writer.drain()
+            last_progress = time.monotonic()
+            state = "queued"
+            while True:
+                remaining = give_up() - time.time()
+                quiet = self.s.hang_after - (time.monotonic() - last_progress)
+                if remaining <= 0:
+                    self.journal.step(rid, t.key, t.pid, "too_late", state=state)
+                    self._alert("critical", "checkpoint_late", f"{t.name}: no checkpoint before the deadline ({state})")
+                    return None
+                if quiet <= 0:
+                    self.journal.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
+                    self._alert("critical", "checkpoint_hung", f"{t.name}: save {state}, no progress for "
+                                f"{self.s.hang_after:.0f}s")
+                    return None
+                try:
+                    line = await asyncio.wait_for(reader.readline(), timeout=min(remaining, quiet))
+                except TimeoutError:
+                    continue
+                if not line:
+                    raise ConnectionError("the training process closed the socket")
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    raise ConnectionError(f"garbled answer from the training process: {line[:80]!r}") from None
+                last_progress = time.monotonic()
+                new = msg.get("state", state)
+                if new != state:
+                    self.journal.step(rid, t.key, t.pid, new, **{k: v for k, v in msg.items() if k != "state"})
+                    state = new
+                if state == "done":
+                    return Path(msg["dir"]), msg
+                if state == "failed":
+                    self._alert("critical", "checkpoint_failed", f"{t.name}: checkpoint failed: {msg.get('error')}")
+                    return None
+                if state == "unknown":
+                    raise ConnectionError("the training process does not know the request")
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError, ConnectionError):
+                await writer.wait_closed()
+
+    async def _poll_registration(self, rid: int, t: Target, give_up: Callable[[], float]) \
+            -> tuple[Path, dict[str, Any]] | None:
+        # After a signal the only report is the registration file's last_save.
+        path = registry.registration_path(Path(self._registry()), t.reg.name, t.reg.rank) if t.reg else None
+        since = self.journal.steps(rid, t.key)[0]["ts"] if self.journal.steps(rid, t.key) else time.time()
+        while time.time() < give_up():
+            if not registry.pid_alive(t.pid):
+                self.journal.step(rid, t.key, t.pid, "lost", error="the process exited before saving")
+                return None
+            try:
+                reg = registry.Registration.from_json(path.read_text()) if path else None
+            except (OSError, ValueError):
+                reg = None
+            if reg and reg.last_save and reg.last_save.at >= since:
+                info = {"seconds": reg.last_save.seconds, "step": reg.last_save.step}
+                self.journal.step(rid, t.key, t.pid, "done", dir=reg.last_save.directory, **info)
+                return Path(reg.last_save.directory), info
+            await asyncio.sleep(0.2)
+        self.journal.step(rid, t.key, t.pid, "too_late", state="signalled")
+        self._alert("critical", "checkpoint_late", f"{t.name}: no checkpoint after the signal before the deadline")
+        return None
+
+    def _registry(self) -> Path:
+        from holdover.targets import registry_dir
+
+        return registry_dir(self.s)
+
+    async def _last_resort(self, rid: int, t: Target) -> str:
+        out = self.s.rescue_dir / f"rescue-{rid}" / t.key.replace(":", "-").replace("/", "_")
+        ok = False
+        if self.s.gcore and registry.pid_alive(t.pid):
+            timeout = max(self._deadline[rid] - time.time(), 5.0)
+            self.journal.step(rid, t.key, t.pid, "gcore_started", dir=str(out))
+            r = await dump.gcore(t.pid, out, t.name, timeout)
+            self.journal.step(rid, t.key, t.pid, "gcore" if r.ok else "gcore_failed", **r.detail)
+            ok |= r.ok
+        if self.s.shm:
+            r = await dump.copy_shm(self.s.shm, out)
+            self.journal.step(rid, t.key, t.pid, "shm_copy", **r.detail)
+            ok |= bool(r.detail.get("files"))
+        if ok:
+            self.journal.step(rid, t.key, t.pid, "rescued", dir=str(out))
+            self._alert("critical", "rescued", f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
+            return "rescued"
+        self.journal.step(rid, t.key, t.pid, "lost", error="no checkpoint and no dump")
+        self._alert("critical", "lost", f"{t.name}: nothing could be saved")
+        return "lost"
+
+    async def _final(self, rid: int) -> None:
+        self.journal.step(rid, "*", None, "final_command", command=self.s.final_command)
+        proc = await asyncio.create_subprocess_shell(self.s.final_command, stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), self.s.final_timeout)
+            self.journal.step(rid, "*", None, "final_done", returncode=proc.returncode,
+                              output=out.decode(errors="replace")[-2000:])
+        except TimeoutError:
+            proc.kill()
+            self.journal.step(rid, "*", None, "final_timeout", timeout=self.s.final_timeout)

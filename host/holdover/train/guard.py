@@ -1,0 +1,407 @@
+"""The hook a training script installs: save on request at the next step boundary, resume from the newest good one.
+
+    guard = holdover.train.protect("ckpt/", model=model, optimizer=opt, scheduler=sched)
+    start = guard.resume()                  # 0 when there is nothing to resume
+    for step in range(start + 1, steps + 1):
+        loss = train_step(step)
+        if guard.step_end(step, loss=loss.item(), extra={"data_pos": step}):
+            break                           # asked to save and exit
+
+Requests arrive on a Unix socket (from the bridge) or as a signal (SIGUSR2 by default: SIGUSR1
+means "save and requeue" to Lightning under Slurm, SIGTERM belongs to the scheduler). Neither does
+any work in the handler: the save happens in ``step_end``, between two steps, where the state is
+consistent. Under torch.distributed the decision is all-reduced every step, so every rank saves
+the same step (a rank saving alone would deadlock the others in the next collective).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal as _signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from holdover.train import ckpt, registry
+from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, drift, warmup_factor
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Guard:
+    def __init__(
+        self,
+        ckpt_dir: Path | str,
+        name: str | None = None,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        signal: int | None = _signal.SIGUSR2,
+        registry_dir: Path | str | None = None,
+        keep: int = 3,
+        interval: AdaptiveInterval | int | None = None,
+        threads: int = 4,
+        shard_bytes: int | None = None,
+        warmup_steps: int = 0,
+        drift_check_steps: int = 20,
+        log: Log = _stderr,
+    ) -> None:
+        self.name = name or os.environ.get("HOLDOVER_RUN_NAME") or Path(sys.argv[0] or "train").stem or "train"
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.rank, self.world = _dist_rank_world()
+        root = Path(ckpt_dir).resolve()
+        self.root = root / f"rank{self.rank}" if self.world > 1 else root
+        self.registry = Path(registry_dir) if registry_dir else registry.default_registry()
+        self.signum = signal
+        self.keep = keep
+        self.threads = threads
+        self.shard_bytes = shard_bytes
+        self.log = log
+        if isinstance(interval, int):
+            interval = AdaptiveInterval(initial=interval, min_steps=interval, max_steps=interval)
+        self.interval = interval
+        self.warmup_steps = warmup_steps
+        self.drift_check_steps = drift_check_steps
+        self.grad_norms = GradNormHistogram()
+        self.warnings: list[str] = []
+        self.last_loss: float | None = None
+        self.resumed_step: int | None = None
+        self.extra: dict[str, Any] = {}  # the resumed checkpoint's user extras (data position etc.)
+        self._stored_norms: dict[str, Any] | None = None
+        self._after_resume: list[float] = []
+        self._signalled = False
+        self._stop = False
+        self._cv = threading.Condition()
+        self._requests: dict[str, dict[str, Any]] = {}
+        self._queue: list[str] = []
+        self._last_step_end: float | None = None
+        self._steps_since_resume = 0
+        self._hooks: list[Any] = []
+        self._server: socket.socket | None = None
+        self._clients: list[threading.Thread] = []
+        self._prev_handler: Any = None
+        self.reg = registry.Registration(
+            name=self.name,
+            pid=os.getpid(),
+            socket="",
+            ckpt_dir=str(self.root),
+            signal=int(signal or 0),
+            argv=[sys.executable, *sys.argv],
+            cwd=os.getcwd(),
+            started=time.time(),
+            tmux=os.environ.get("HOLDOVER_TMUX_SESSION"),
+            rank=self.rank,
+            world=self.world,
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> Guard:
+        self.registry.mkdir(parents=True, exist_ok=True)
+        path = self.registry / (f"{self.name}.sock" if self.rank == 0 else f"{self.name}.rank{self.rank}.sock")
+        if len(str(path).encode()) > 100:  # sun_path is 108 bytes on Linux
+            path = Path(f"/tmp/holdover-{os.getpid()}.sock")
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(path))
+        os.chmod(path, 0o600)
+        srv.listen(8)
+        self._server = srv
+        self.reg.socket = str(path)
+        threading.Thread(target=self._serve, name="holdover-guard", daemon=True).start()
+        if self.signum:
+            if threading.current_thread() is threading.main_thread():
+                self._prev_handler = _signal.signal(self.signum, self._on_signal)
+            else:
+                sig = _signal.Signals(self.signum).name
+                self.log(f"holdover: not on the main thread, so no {sig} handler; the socket still works")
+        self._publish()
+        if self.warmup_steps and self.optimizer is not None:
+            self._install_warmup()
+        return self
+
+    def close(self) -> None:
+        # Let the bridge hear how its requests ended before the process goes (after="exit").
+        end = time.monotonic() + 2.0
+        with self._cv:
+            open_reqs = [r for r in self._requests.values() if r["state"] not in registry.STATES_FINAL]
+        for r in open_reqs:
+            self._update([r["id"]], state="failed", error="the run stopped before saving")
+        for t in self._clients:
+            t.join(max(0.0, end - time.monotonic()))
+        if self._server:
+            with contextlib.suppress(OSError):
+                self._server.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.reg.socket)
+            self._server = None
+        with contextlib.suppress(OSError):
+            registry.registration_path(self.registry, self.name, self.rank).unlink()
+        for h in self._hooks:
+            h.remove()
+        if self.signum and self._prev_handler is not None:
+            with contextlib.suppress(ValueError):
+                _signal.signal(self.signum, self._prev_handler)
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _publish(self) -> None:
+        registry.write_registration(self.registry, self.reg)
+
+    # --- requests -----------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # Only a flag: the handler may run in the middle of an optimizer step.
+        self._signalled = True
+        if callable(self._prev_handler):
+            self._prev_handler(signum, frame)
+
+    def request(self, reason: str = "manual", rid: str | None = None, after: str = "continue") -> str:
+        """Ask for a save at the next step boundary (what the socket and the signal do)."""
+        rid = rid or uuid.uuid4().hex[:12]
+        with self._cv:
+            if rid not in self._requests:
+                self._requests[rid] = {"id": rid, "state": "queued", "reason": reason, "after": after,
+                                       "requested": time.time()}
+                self._queue.append(rid)
+                self._cv.notify_all()
+        return rid
+
+    def _update(self, rids: list[str], **fields: Any) -> None:
+        with self._cv:
+            for rid in rids:
+                self._requests[rid].update(fields)
+            self._cv.notify_all()
+
+    def _serve(self) -> None:
+        srv = self._server
+        while srv is not None and self._server is srv:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._client, args=(conn,), daemon=True)
+            self._clients.append(t)
+            t.start()
+
+    def _client(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as rf:
+            for raw in rf:
+                try:
+                    msg = json.loads(raw)
+                    op = msg["op"]
+                except (ValueError, KeyError, TypeError):
+                    conn.sendall(registry.encode({"error": "malformed request: expected a JSON object with 'op'"}))
+                    continue
+                if op == "status":
+                    with self._cv:
+                        reqs = {k: dict(v) for k, v in self._requests.items()}
+                    conn.sendall(registry.encode({"registration": json.loads(self.reg.to_json()), "requests": reqs}))
+                elif op in ("save", "watch"):
+                    rid = str(msg.get("id") or uuid.uuid4().hex[:12])
+                    if op == "save":
+                        self.request(str(msg.get("reason", "bridge")), rid, str(msg.get("after", "continue")))
+                    elif rid not in self._requests:
+                        conn.sendall(registry.encode({"id": rid, "state": "unknown"}))
+                        continue
+                    self._stream(conn, rid)
+                else:
+                    conn.sendall(registry.encode({"error": f"unknown op {op!r}"}))
+
+    def _stream(self, conn: socket.socket, rid: str) -> None:
+        last: dict[str, Any] = {}
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda seen=last: self._requests[rid] != seen, timeout=1.0)
+                cur = dict(self._requests[rid])
+            if cur == last:
+                continue
+            try:
+                conn.sendall(registry.encode(cur))
+            except OSError:
+                return
+            if cur["state"] in registry.STATES_FINAL:
+                return
+            last = cur
+            if cur["state"] == "saving":
+                # Progress at most ten times a second, but a final state goes out at once.
+                with self._cv:
+                    self._cv.wait_for(lambda: self._requests[rid]["state"] in registry.STATES_FINAL, timeout=0.1)
+
+    # --- the loop side ------------------------------------------------------------------------------
+
+    def step_end(self, step: int, loss: float | None = None, extra: dict[str, Any] | None = None,
+                 grad_norm: float | None = None) -> bool:
+        """Call once per step, after the optimizer step. Saves if asked to (or if a periodic save is due).
+
+        Returns True when the run should stop (a request asked to save and exit).
+        """
+        now = time.monotonic()
+        if self._last_step_end is not None and self.interval:
+            self.interval.observe_step_time(now - self._last_step_end)
+        if loss is not None:
+            self.last_loss = float(loss)
+        if grad_norm is not None:
+            self.grad_norms.add(float(grad_norm))
+            self._check_drift(float(grad_norm))
+        self._steps_since_resume += 1
+        with self._cv:
+            pending = list(self._queue) if self._queue else []
+        emergency = bool(pending) or self._signalled
+        periodic = bool(self.interval and self.interval.due(step))
+        decision = _agree(2 if emergency else 1 if periodic else 0, self.world)
+        if decision:
+            self._take(step, extra, pending, "emergency" if decision == 2 else "periodic")
+        self._last_step_end = time.monotonic()
+        return self._stop
+
+    def _take(self, step: int, extra: dict[str, Any] | None, rids: list[str], kind: str) -> None:
+        with self._cv:
+            for rid in rids:
+                self._queue.remove(rid)
+        if self._signalled:
+            self._signalled = False
+            rid = f"signal-{int(time.time() * 1000)}"
+            self.request("signal", rid)
+            with self._cv:
+                self._queue.remove(rid)
+            rids.append(rid)
+        reasons = sorted({self._requests[r]["reason"] for r in rids}) or [kind]
+        self._update(rids, state="saving", step=step, started=time.time())
+        t0 = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            self._update(rids, bytes_done=done, bytes_total=total)
+
+        try:
+            directory, manifest = self.save(step, extra, reason=",".join(reasons), progress=progress)
+        except Exception as e:  # a failed save must not kill the run: the bridge still has gcore
+            self._update(rids, state="failed", error=str(e))
+            self.warnings.append(str(e))
+            self.log(f"holdover: checkpoint at step {step} failed: {e}")
+            return
+        seconds = time.monotonic() - t0
+        self._update(rids, state="done", dir=str(directory), seconds=round(seconds, 4), bytes_total=manifest.nbytes,
+                     bytes_done=manifest.nbytes)
+        if self.interval:
+            self.interval.saved(step, self.last_loss, seconds)
+        if any(self._requests[r].get("after") == "exit" for r in rids):
+            self._stop = True
+
+    def save(self, step: int, extra: dict[str, Any] | None = None, reason: str = "manual",
+             progress: ckpt.Progress | None = None) -> tuple[Path, ckpt.Manifest]:
+        """Write a checkpoint now (the loop must be between steps)."""
+        from holdover.train import state  # torch only when a save actually happens
+
+        meta = {"name": self.name, "reason": reason, "loss": self.last_loss, "pid": os.getpid(),
+                "host": os.uname().nodename, "rank": self.rank, "world": self.world,
+                "grad_norm": self.grad_norms.summary()}
+        t0 = time.monotonic()
+        directory, manifest = state.save(self.root, step, self.model, self.optimizer, self.scheduler, extra, meta,
+                                         threads=self.threads, shard_bytes=self.shard_bytes, progress=progress)
+        seconds = time.monotonic() - t0
+        with contextlib.suppress(OSError):
+            ckpt.prune(self.root, self.keep, protect=[directory])
+        self.reg.last_save = registry.LastSave(step, str(directory), manifest.nbytes, round(seconds, 4), time.time(),
+                                               reason)
+        self._publish()
+        return directory, manifest
+
+    # --- resume ---------------------------------------------------------------------------------------
+
+    def resume(self) -> int:
+        """Load the newest checkpoint that verifies into model/optimizer/scheduler/RNG; returns its step (0 if none).
+
+        Damaged checkpoints are skipped with a message naming the file.
+        """
+        from holdover.train import state
+
+        for directory in ckpt.candidates(self.root):
+            try:
+                loaded = state.load(directory)
+            except ckpt.CheckpointError as e:
+                self.log(f"holdover: skipping damaged checkpoint {directory.name}: {e}")
+                continue
+            state.apply(loaded, self.model, self.optimizer, self.scheduler)
+            self.resumed_step = loaded.step
+            self.extra = loaded.train.get("extra", {})
+            self._stored_norms = loaded.manifest.meta.get("grad_norm")
+            self._after_resume = []
+            self._steps_since_resume = 0
+            if self.interval:
+                self.interval.last_save_step = loaded.step
+            self.log(f"holdover: resumed {self.name} from {directory} (step {loaded.step})")
+            return loaded.step
+        self.extra = {}
+        return 0
+
+    def _check_drift(self, norm: float) -> None:
+        if self._stored_norms is None or self.resumed_step is None:
+            return
+        self._after_resume.append(norm)
+        if len(self._after_resume) == self.drift_check_steps:
+            warning = drift(self._stored_norms, self._after_resume)
+            if warning:
+                self.warnings.append(warning)
+                self.log(f"holdover: {warning}")
+
+    def _install_warmup(self) -> None:
+        # Scale the learning rate only for the duration of optimizer.step(), so schedulers that
+        # read group["lr"] never see (and compound) the warm-up factor.
+        saved: list[float] = []
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            f = warmup_factor(self._steps_since_resume, self.warmup_steps) if self.resumed_step is not None else 1.0
+            saved[:] = [g["lr"] for g in opt.param_groups]
+            for g in opt.param_groups:
+                g["lr"] = g["lr"] * f
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            for g, lr in zip(opt.param_groups, saved, strict=False):
+                g["lr"] = lr
+
+        self._hooks.append(self.optimizer.register_step_pre_hook(pre))
+        self._hooks.append(self.optimizer.register_step_post_hook(post))
+
+
+def protect(ckpt_dir: Path | str, name: str | None = None, **kw: Any) -> Guard:
+    """Install the hook (socket, signal handler, registration) and return the started Guard."""
+    return Guard(ckpt_dir, name, **kw).start()
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _agree(value: int, world: int) -> int:
+    """The maximum of `value` across ranks (identity in a single process)."""
+    if world <= 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+

@@ -1,0 +1,124 @@
+"""How a training process and the bridge find and talk to each other (shared by both sides).
+
+A protected process writes ``<registry>/<name>.json`` (atomically) and listens on a Unix stream
+socket named in it. The socket speaks JSON lines:
+
+    -> {"op": "save", "id": "<request id>", "reason": "mains_lost", "deadline": <unix time>}
+    <- {"id": ..., "state": "queued" | "saving" | "done" | "failed", "step": ..., "bytes_done": ...,
+        "bytes_total": ..., "dir": ..., "seconds": ..., "error": ...}      (streamed until done/failed)
+    -> {"op": "watch", "id": "<request id>"}   the same stream for a request made earlier; asking to
+                                               save with a known id also only watches, never saves twice
+    -> {"op": "status"}                        <- {"registration": {...}, "requests": {id: state}}
+
+The signal (SIGUSR2 by default) is the fallback when the socket cannot be reached; it carries no
+id, so the bridge journals that it sent it and never sends it twice for one rescue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATES_FINAL = ("done", "failed")
+
+
+def default_registry() -> Path:
+    env = os.environ.get("HOLDOVER_REGISTRY")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/run/holdover/targets")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "holdover" / "targets"
+    return Path(tempfile.gettempdir()) / f"holdover-{os.geteuid()}" / "targets"
+
+
+@dataclass
+class LastSave:
+    step: int
+    directory: str
+    nbytes: int
+    seconds: float
+    at: float
+    reason: str = ""
+
+
+@dataclass
+class Registration:
+    name: str
+    pid: int
+    socket: str
+    ckpt_dir: str
+    signal: int
+    argv: list[str]
+    cwd: str
+    started: float
+    tmux: str | None = None
+    rank: int = 0
+    world: int = 1
+    last_save: LastSave | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Registration:
+        d = json.loads(text)
+        last = d.pop("last_save", None)
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        reg = cls(**known)
+        if last:
+            reg.last_save = LastSave(**{k: v for k, v in last.items() if k in LastSave.__dataclass_fields__})
+        return reg
+
+
+def registration_path(registry: Path, name: str, rank: int = 0) -> Path:
+    return registry / (f"{name}.json" if rank == 0 else f"{name}.rank{rank}.json")
+
+
+def write_registration(registry: Path, reg: Registration) -> Path:
+    registry.mkdir(parents=True, exist_ok=True)
+    path = registration_path(registry, reg.name, reg.rank)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(reg.to_json())
+    os.replace(tmp, path)  # the bridge never reads a half-written file
+    return path
+
+
+def read_registrations(registry: Path) -> tuple[list[Registration], list[str]]:
+    """Every registration in the directory, and a message for each file that could not be read."""
+    regs: list[Registration] = []
+    problems: list[str] = []
+    if not registry.is_dir():
+        return regs, problems
+    for p in sorted(registry.glob("*.json")):
+        try:
+            regs.append(Registration.from_json(p.read_text()))
+        except (OSError, ValueError, TypeError) as e:
+            problems.append(f"{p}: unreadable registration: {e}")
+    return regs, problems
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie answers kill(0) but will never save anything.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
