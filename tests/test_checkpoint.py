@@ -81,6 +81,7 @@ def test_corrupted_shard_is_skipped_with_a_message_naming_the_file(tmp_path: Pat
     g = Guard(tmp_path, "t", model=_model()[0], optimizer=_model()[1], signal=None, registry_dir=tmp_path / "reg",
               log=messages.append)
     assert g.resume() == 10
+    assert any(f"resumed t from {good}" in m for m in messages), messages
     assert any("skipping damaged checkpoint step_000000020" in m and victim.name in m for m in messages), messages
 
 
