@@ -7,6 +7,7 @@ moments, about 6 GB at the default size. Cases:
   raw      O_DIRECT sequential write of the same byte count from an aligned buffer + fsync (the limit)
   article  torch.save of one file + fsync, then MD5 of the file read back (the source article)
   ours     holdover.train.state.save: request to durable, hashed manifest
+  read     O_DIRECT sequential read of the raw file (the limit for verification)
   verify   holdover.train.ckpt.verify of our checkpoint, cold (resume-side check)
 
 Prints MB/s and the ratio to `raw` for each. Usage:
@@ -85,6 +86,20 @@ def raw_direct(path: Path, nbytes: int) -> float:
     return dt
 
 
+def raw_direct_read(path: Path) -> float:
+    buf = mmap.mmap(-1, ckpt.CHUNK)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    t0 = time.perf_counter()
+    off = 0
+    while n := os.preadv(fd, [view], off):
+        off += n
+    dt = time.perf_counter() - t0
+    os.close(fd)
+    view.release()
+    return dt
+
+
 def article(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
     t0 = time.perf_counter()
     with open(path, "wb") as f:
@@ -128,6 +143,8 @@ def main() -> int:
         for _ in range(args.repeats):
             dropped &= drop_caches()
             record("raw O_DIRECT + fsync", raw_direct(work / "raw.bin", nbytes), nbytes)
+            dropped &= drop_caches()
+            record("raw O_DIRECT read (limit for verify)", raw_direct_read(work / "raw.bin"), nbytes)
             (work / "raw.bin").unlink()
             dropped &= drop_caches()
             t0 = time.perf_counter()

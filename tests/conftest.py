@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +15,10 @@ import pytest
 
 from holdover.emulator import firmware_dir, micropython_binary
 from holdover.rig import Rig
+from holdover.train import registry
 
 MPY_DIR = Path(__file__).parent / "mpy"
+TOY = [sys.executable, "-m", "holdover.train.toy"]
 
 
 def run_micropython(script: str, *args: str, heap: str = "110K", timeout: float = 60) -> str:
@@ -48,3 +53,50 @@ def rig_factory(tmp_path: Path) -> Iterator:
     yield make
     for r in rigs:
         r.close()
+
+
+# --- a protected training run (holdover.train.toy) as a child process -------------------------
+
+
+def losses(out: str) -> dict[int, float]:
+    return {d["step"]: d["loss"] for d in map(json.loads, out.splitlines()) if "step" in d}
+
+
+class Toy:
+    """The toy run as a child process, with its registration and socket."""
+
+    def __init__(self, tmp: Path, *args: str, name: str = "toy") -> None:
+        self.reg_dir = tmp / "reg"
+        self.ckpt = tmp / "ckpt"
+        self.name = name
+        env = dict(os.environ, HOLDOVER_REGISTRY=str(self.reg_dir))
+        self.proc = subprocess.Popen([*TOY, "--ckpt", str(self.ckpt), "--name", name, *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+
+    def registration(self, timeout: float = 30) -> registry.Registration:
+        path = registry.registration_path(self.reg_dir, self.name)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists():
+                return registry.Registration.from_json(path.read_text())
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            time.sleep(0.05)
+        raise AssertionError("the toy never registered")
+
+    def ask(self, msg: dict) -> list[dict]:
+        reg = self.registration()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(30)
+            s.connect(reg.socket)
+            s.sendall(registry.encode(msg))
+            f = s.makefile("rb")
+            out = []
+            for line in f:
+                out.append(json.loads(line))
+                if msg["op"] == "status" or out[-1].get("state") in ("done", "failed", "unknown"):
+                    break
+            return out
+
+    def finish(self, timeout: float = 60) -> tuple[str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return out, err

@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import Toy, losses
 from holdover.train import ckpt, registry, state
 from holdover.train.guard import Guard
 from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, drift
 from holdover.train.toy import build
-
-TOY = [sys.executable, "-m", "holdover.train.toy"]
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -152,53 +151,9 @@ def test_full_disk_is_a_clear_error_and_the_previous_checkpoint_survives(tmp_pat
 # --- the hook in a real training process ----------------------------------------------------------
 
 
-def _losses(out: str) -> dict[int, float]:
-    return {d["step"]: d["loss"] for d in map(json.loads, out.splitlines()) if "step" in d}
-
-
-class Toy:
-    """The toy run as a child process, with its registration and socket."""
-
-    def __init__(self, tmp: Path, *args: str, name: str = "toy") -> None:
-        self.reg_dir = tmp / "reg"
-        self.ckpt = tmp / "ckpt"
-        self.name = name
-        env = dict(os.environ, HOLDOVER_REGISTRY=str(self.reg_dir))
-        self.proc = subprocess.Popen([*TOY, "--ckpt", str(self.ckpt), "--name", name, *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
-
-    def registration(self, timeout: float = 30) -> registry.Registration:
-        path = registry.registration_path(self.reg_dir, self.name)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if path.exists():
-                return registry.Registration.from_json(path.read_text())
-            assert self.proc.poll() is None, self.proc.stderr.read()
-            time.sleep(0.05)
-        raise AssertionError("the toy never registered")
-
-    def ask(self, msg: dict) -> list[dict]:
-        reg = self.registration()
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(30)
-            s.connect(reg.socket)
-            s.sendall(registry.encode(msg))
-            f = s.makefile("rb")
-            out = []
-            for line in f:
-                out.append(json.loads(line))
-                if msg["op"] == "status" or out[-1].get("state") in ("done", "failed", "unknown"):
-                    break
-            return out
-
-    def finish(self, timeout: float = 60) -> tuple[str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return out, err
-
-
 def test_save_on_request_then_resume_reproduces_the_uninterrupted_run(tmp_path: Path) -> None:
     ref = Toy(tmp_path / "ref", "--steps", "14")
-    ref_losses = _losses(ref.finish()[0])
+    ref_losses = losses(ref.finish()[0])
     assert sorted(ref_losses) == list(range(1, 15))
 
     run = Toy(tmp_path / "cut", "--steps", "14", "--step-sleep", "0.05")
@@ -215,7 +170,7 @@ def test_save_on_request_then_resume_reproduces_the_uninterrupted_run(tmp_path: 
     resumed = Toy(tmp_path / "cut", "--steps", "14")
     out, err = resumed.finish()
     assert f"resumed toy from {d}" in err
-    got = _losses(out)
+    got = losses(out)
     assert min(got) == saved_step + 1
     # CPU torch is deterministic: the next step (and every later one) matches bit for bit.
     for step, loss in got.items():

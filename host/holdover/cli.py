@@ -79,6 +79,70 @@ def demo(
     raise typer.Exit(run_demo(debounce_ms=debounce_ms))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    name: str = typer.Option(..., "--name", "-n", help="Run name (tmux session holdover-NAME, log NAME.log)."),
+    ckpt: Path | None = typer.Option(None, "--ckpt", help="The run's checkpoint directory, for `recover`."),
+    log_dir: Path | None = typer.Option(None, help="Where the output log goes (default: the state directory)."),
+) -> None:
+    """Run a training command inside tmux, logged to a file and registered for protection: launch -n NAME -- CMD..."""
+    from holdover.launch import LaunchError
+    from holdover.launch import launch as do_launch
+
+    try:
+        run = do_launch(name, list(ctx.args), ckpt_dir=ckpt, log_dir=log_dir)
+    except LaunchError as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"launched {run.name}: tmux session {run.session}, pid {run.pid}, log {run.log}")
+    typer.echo(f"attach with: tmux attach -t {run.session}")
+
+
+@app.command()
+def recover() -> None:
+    """After an outage: every known run, alive or not, its newest verified checkpoint, and how to resume it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from holdover.launch import recover as do_recover
+
+    runs = do_recover()
+    console = Console()
+    if not runs:
+        console.print("no runs known to holdover (none launched, none registered)")
+        return
+    table = Table("run", "state", "pid", "tmux", "newest verified checkpoint")
+    for r in runs:
+        c = r["checkpoint"]
+        ck = f"step {c['step']} ({c['bytes'] / 1e6:.1f} MB, {c['age_s'] / 60:.0f} min old)\n{c['dir']}" if c else "none"
+        table.add_row(r["name"], r["state"], str(r.get("pid") or ""), r.get("session") or "", ck)
+    console.print(table)
+    for r in runs:
+        if r.get("resume"):
+            console.print(f"[bold]resume {r['name']}:[/bold] {r['resume']}", soft_wrap=True)
+
+
+@app.command()
+def verify(directory: Path = typer.Argument(..., help="A checkpoint directory or a run's checkpoint root.")) -> None:
+    """Check a checkpoint's files against its manifest (or find the newest good one under a root)."""
+    from holdover.train import ckpt
+
+    try:
+        if (directory / ckpt.MANIFEST).exists():
+            m = ckpt.verify(directory)
+            typer.echo(f"{directory}: step {m.step}, {len(m.files)} files, {m.nbytes} bytes: OK")
+            return
+        found = ckpt.newest_verified(directory, log=lambda msg: typer.echo(msg, err=True))
+    except ckpt.CheckpointError as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(1) from None
+    if found is None:
+        typer.echo(f"holdover: no verified checkpoint under {directory}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"newest verified: {found[0]} (step {found[1].step}, {found[1].nbytes} bytes)")
+
+
 def main() -> None:
     app()
 

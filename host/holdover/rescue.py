@@ -226,7 +226,7 @@ class Rescuer:
                                           "deadline": self._deadline[rid], "after": self.s.after_save}))
             await writer.drain()
             last_progress = time.monotonic()
-            state = "queued"
+            state = "sent"  # every state the run reports is journaled, the first one too
             while True:
                 remaining = give_up() - time.time()
                 quiet = self.s.hang_after - (time.monotonic() - last_progress)

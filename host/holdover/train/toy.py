@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m holdover.train.toy", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", required=True)
-    ap.add_argument("--name", default="toy")
+    ap.add_argument("--name", default=os.environ.get("HOLDOVER_RUN_NAME", "toy"))
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--depth", type=int, default=4)

@@ -1,0 +1,240 @@
+"""The bridge's emergency policy against real training processes: save, verify, gcore, restart safety.
+
+The first test runs the whole chain (emulated sentinel, real Mosquitto, bridge, a toy PyTorch run);
+the others drive the Rescuer with events accepted into a real journal, to test one thing each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from conftest import Toy, losses
+from holdover.firmware import protocol
+from holdover.journal import Event, Journal
+from holdover.rescue import Rescuer
+from holdover.settings import ProtectSettings
+from holdover.train import ckpt, registry
+
+needs_gdb = pytest.mark.skipif(shutil.which("gcore") is None, reason="gcore (gdb) is not installed")
+
+HANG = (
+    "import sys, time\n"
+    "from holdover.train.guard import Guard\n"
+    "g = Guard(sys.argv[1], 'wedged', registry_dir=sys.argv[2]).start()\n"
+    "marker = bytearray(sys.argv[3].encode())  # in memory only: the core must hold it\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.2)  # never reaches a step boundary: a wedged data loader\n"
+)
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+_seq = iter(range(1, 1_000_000))
+
+
+def _event(j: Journal, kind: str, **data: object) -> Event:
+    body = {"sid": "s1", "boot": "b00t", "seq": next(_seq), "kind": kind, "ms": 0, "ts": None, "data": data}
+    ev = j.accept("mqtt", body)
+    assert ev is not None
+    return ev
+
+
+def _settings(tmp: Path, **kw: object) -> ProtectSettings:
+    base = {"registry": tmp / "reg", "rescue_dir": tmp / "rescue", "grace": 0, "margin": 5,
+            "runtime_default": 120, "hang_after": 3}
+    return ProtectSettings.model_validate({**base, **kw})
+
+
+async def _drive(rescuer: Rescuer, *events: Event, idle: bool = True) -> None:
+    for ev in events:
+        rescuer.on_event(ev)
+    if idle:
+        await asyncio.wait_for(rescuer.wait_idle(), 120)
+
+
+def test_power_cut_on_the_sentinel_gets_a_verified_checkpoint_that_resumes_exactly(rig_factory, tmp_path: Path) -> None:
+    ref = Toy(tmp_path / "ref", "--steps", "400")
+    ref_losses = losses(ref.finish(120)[0])
+    run = Toy(tmp_path / "live", "--steps", "100000", "--step-sleep", "0.02")
+    try:
+        run.registration()
+        rig = rig_factory(protect={"registry": str(run.reg_dir), "rescue_dir": str(tmp_path / "rescue"), "grace": 0})
+        rig.wait("boot", timeout=30)
+        rig.control.send(mains=False)
+        rig.wait("mains_lost", timeout=10)
+        journal = rig.dir / "journal.db"
+
+        def verified():
+            with Journal(journal, readonly=True) as j:
+                return [s for s in j.steps() if s["action"] == "verified"]
+
+        found = _wait(verified, 60, "a verified checkpoint")[0]
+        step = found["detail"]
+        assert found["target"].startswith("toy:") and step["bytes"] > 0 and step["mb_s"] > 0
+        with Journal(journal, readonly=True) as j:
+            actions = [s["action"] for s in j.steps() if s["target"] != "*"]
+            assert actions[:2] == ["requested", "queued"] and "done" in actions
+            assert j.rescues()[0]["reason"] == protocol.MAINS_LOST
+        assert run.proc.poll() is None  # after_save=continue: the run goes on
+    finally:
+        run.proc.kill()
+        run.finish()
+    saved = step["step"]
+    assert saved < 400
+    # Resume from the emergency checkpoint, not a later one: keep only it.
+    for d in ckpt.candidates(run.ckpt):
+        if d != Path(step["dir"]):
+            shutil.rmtree(d)
+    resumed = Toy(tmp_path / "live", "--steps", str(saved + 3))
+    got = losses(resumed.finish(120)[0])
+    assert min(got) == saved + 1
+    assert all(got[s] == ref_losses[s] for s in got), "the resumed run differs from the uninterrupted one"
+
+
+@needs_gdb
+def test_a_wedged_run_is_dumped_with_gcore_and_shm_is_copied(tmp_path: Path) -> None:
+    marker = "holdover-marker-" + os.urandom(8).hex()
+    shm = Path(f"/dev/shm/holdover-test-{os.getpid()}.bin")
+    shm.write_bytes(os.urandom(100_000))
+    proc = subprocess.Popen([sys.executable, "-c", HANG, str(tmp_path / "ckpt"), str(tmp_path / "reg"), marker],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        s = _settings(tmp_path, shm=[str(shm)], hang_after=2)
+        with Journal(tmp_path / "j.db") as j:
+            asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_LOW, runtime_s=300)))
+            steps = {x["action"]: x["detail"] for x in j.steps() if x["target"] != "*"}
+            alerts = [a["kind"] for a in j.alerts()]
+        assert "hung" in steps and "rescued" in steps, steps
+        core = Path(steps["gcore"]["core"])
+        assert core.is_relative_to(tmp_path / "rescue") and core.stat().st_size == steps["gcore"]["bytes"]
+        data = core.read_bytes()
+        assert marker.encode() in data
+        assert xxhash.xxh3_128(data).hexdigest() == steps["gcore"]["xxh3_128"]
+        copied = steps["shm_copy"]["files"][0]
+        assert Path(copied["dst"]).read_bytes() == shm.read_bytes()
+        assert copied["xxh3_128"] == xxhash.xxh3_128(shm.read_bytes()).hexdigest()
+        assert "checkpoint_hung" in alerts and "rescued" in alerts
+        assert proc.poll() is None  # gcore detaches; the process lives on
+    finally:
+        proc.kill()
+        proc.wait()
+        shm.unlink()
+
+
+def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path) -> None:
+    # Steps of 1.5 s: the request waits in the run's queue while the first bridge goes away.
+    run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "1.5")
+    try:
+        run.registration()
+        s = _settings(tmp_path)
+        db = tmp_path / "j.db"
+
+        async def first() -> None:
+            with Journal(db) as j:
+                r = Rescuer(s, j)
+                await _drive(r, _event(j, protocol.MAINS_LOST), idle=False)
+                await asyncio.to_thread(_wait, lambda: any(x["action"] == "queued" for x in j.steps()), 30, "queued")
+                await r.close()  # the bridge stops (or crashes) here
+
+        asyncio.run(first())
+        with Journal(db) as j:
+            assert j.rescues()[0]["state"] == "active"
+
+            async def second() -> None:
+                r = Rescuer(s, j)
+                assert r.recover() == 1
+                await asyncio.wait_for(r.wait_idle(), 60)
+
+            asyncio.run(second())
+            actions = [x["action"] for x in j.steps() if x["target"] != "*"]
+            ids = {x["detail"]["id"] for x in j.steps() if x["action"] == "requested"}
+            assert j.rescues()[0]["state"] == "finished"
+        assert actions.count("requested") == 1 and len(ids) == 1 and "verified" in actions
+        assert len(ckpt.candidates(run.ckpt)) == 1
+        status = run.ask({"op": "status"})[0]
+        assert list(status["requests"]) == list(ids)
+    finally:
+        run.proc.kill()
+        run.finish()
+
+
+def test_mains_back_within_the_grace_time_saves_nothing(tmp_path: Path) -> None:
+    s = _settings(tmp_path, grace=0.5)
+    with Journal(tmp_path / "j.db") as j:
+
+        async def go() -> None:
+            r = Rescuer(s, j)
+            r.on_event(_event(j, protocol.MAINS_LOST))
+            await asyncio.sleep(0.2)
+            r.on_event(_event(j, protocol.MAINS_RESTORED))
+            await asyncio.sleep(0.6)
+            assert j.rescues() == []
+            r.on_event(_event(j, protocol.MAINS_LOST))  # this time it stays off
+            await asyncio.sleep(0.8)
+            await r.wait_idle()
+
+        asyncio.run(go())
+        assert [x["reason"] for x in j.rescues()] == [protocol.MAINS_LOST]
+
+
+def test_signal_fallback_and_the_final_command_on_critical_battery(tmp_path: Path) -> None:
+    run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02")
+    flag = tmp_path / "shutdown-ran"
+    try:
+        reg = run.registration()
+        os.unlink(reg.socket)  # the socket is gone: only the signal can reach the run
+        s = _settings(tmp_path, final_command=f"echo bye > {flag}")
+        with Journal(tmp_path / "j.db") as j:
+            asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_CRITICAL, runtime_s=90)))
+            actions = [x["action"] for x in j.steps()]
+            deadline = j.rescues()[0]["deadline"]
+            started = j.rescues()[0]["started"]
+        assert "signalled" in actions and "verified" in actions
+        assert actions.index("verified") < actions.index("final_command") < actions.index("final_done")
+        assert flag.read_text().strip() == "bye"
+        assert 80 < deadline - started < 90  # runtime 90 s minus the 5 s margin, from the event's arrival
+    finally:
+        run.proc.kill()
+        run.finish()
+
+
+def test_a_repeated_trigger_event_starts_no_second_rescue(tmp_path: Path) -> None:
+    with Journal(tmp_path / "j.db") as j:
+        ev = _event(j, protocol.BATTERY_LOW)
+        assert j.rescue_open(ev.id, "s1", ev.kind, time.time() + 60, False) is not None
+        assert j.rescue_open(ev.id, "s1", ev.kind, time.time() + 60, False) is None
+
+
+def test_registrations_that_are_garbage_or_stale_are_reported(tmp_path: Path) -> None:
+    from holdover.targets import discover
+
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    (reg / "junk.json").write_text("{")
+    dead = registry.Registration("gone", 2**22 + 12345, "", "", 12, [], "/", 0.0)
+    registry.write_registration(reg, dead)
+    targets, problems = discover(_settings(tmp_path))
+    assert targets == []
+    assert any("junk.json: unreadable registration" in p for p in problems)
+    assert any("gone" in p and "stale" in p for p in problems)
+    assert json.loads((reg / "gone.json").read_text())["pid"] == dead.pid
