@@ -292,3 +292,34 @@ def test_registration_and_socket_are_removed_on_close(tmp_path: Path) -> None:
     g.close()
     assert not reg_path.exists() and not Path(g.reg.socket).exists()
     shutil.rmtree(tmp_path / "reg")
+
+
+DIST = """
+import sys, torch, torch.distributed as dist
+from holdover.train.guard import Guard
+rank, root, init = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+model = torch.nn.Linear(4, 4)
+g = Guard(root, "ddp", model=model, signal=None, registry_dir=root + "/reg").start()
+saved = []
+for step in range(1, 7):
+    if rank == 1 and step == 3:
+        g.request("only rank 1 was asked")  # one rank hears the bridge; all must save this step
+    g.step_end(step)
+    if g.reg.last_save and g.reg.last_save.step not in saved:
+        saved.append(g.reg.last_save.step)
+print(saved, flush=True)
+g.close()
+dist.destroy_process_group()
+"""
+
+
+def test_under_torch_distributed_every_rank_saves_the_same_step(tmp_path: Path) -> None:
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, "-c", DIST, str(r), str(tmp_path), init], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert [o.strip().splitlines()[-1] for o, _ in outs] == ["[3]", "[3]"]
+    for r in (0, 1):
+        assert [ckpt.verify(d).step for d in ckpt.candidates(tmp_path / f"rank{r}")] == [3]
