@@ -100,3 +100,14 @@ class Toy:
     def finish(self, timeout: float = 60) -> tuple[str, str]:
         out, err = self.proc.communicate(timeout=timeout)
         return out, err
+
+
+def wait_for(pred, timeout: float, what: str):
+    """Poll pred until it returns something true; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -14,6 +14,7 @@ import pytest
 import tomli_w
 from paho.mqtt.enums import CallbackAPIVersion
 
+from conftest import wait_for
 from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.rig import Rig
@@ -30,15 +31,6 @@ def _runs(path: Path) -> list[dict]:
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
 
-
-def _wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class ReadJournal:
@@ -75,7 +67,7 @@ class BridgeProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "holdover.cli", "bridge", "--config", str(self.config)], stdout=f, stderr=f
             )
-        _wait_for(lambda: "connected to broker" in self.log.read_text(), 20, "the bridge to connect")
+        wait_for(lambda: "connected to broker" in self.log.read_text(), 20, "the bridge to connect")
 
     def journal(self) -> ReadJournal:
         return ReadJournal(self.journal_path)
@@ -107,17 +99,17 @@ def _publisher(rig: Rig) -> paho.Client:
 
 def test_power_cut_and_restore_run_the_hooks_once_each(e2e) -> None:
     rig, bridge, hooks_file = e2e
-    _wait_for(lambda: any(e.kind == "boot" for e in bridge.journal().events()), 20, "the boot event")
+    wait_for(lambda: any(e.kind == "boot" for e in bridge.journal().events()), 20, "the boot event")
 
     rig.control.send(mains=False)
-    runs = _wait_for(lambda: _runs(hooks_file), 10, "the mains_lost hook")
+    runs = wait_for(lambda: _runs(hooks_file), 10, "the mains_lost hook")
     assert [r["HOLDOVER_EVENT"] for r in runs] == ["mains_lost"]
     assert runs[0]["HOLDOVER_SENTINEL"] == rig.sid
     payload = json.loads(runs[0]["HOLDOVER_PAYLOAD"])
     assert payload["kind"] == "mains_lost" and payload["sid"] == rig.sid and payload["seq"] >= 1
 
     rig.control.send(mains=True)
-    runs = _wait_for(lambda: len(_runs(hooks_file)) >= 2 and _runs(hooks_file), 10, "the mains_restored hook")
+    runs = wait_for(lambda: len(_runs(hooks_file)) >= 2 and _runs(hooks_file), 10, "the mains_restored hook")
     assert [r["HOLDOVER_EVENT"] for r in runs] == ["mains_lost", "mains_restored"]
     assert json.loads(runs[1]["HOLDOVER_PAYLOAD"])["data"]["outage_ms"] >= 300
 
@@ -143,8 +135,8 @@ def _cut_and_capture(rig: Rig, hooks_file: Path) -> tuple[paho.Client, bytes]:
     spy.subscribe(protocol.topic(rig.sid, protocol.EVENT), qos=1)
     time.sleep(0.5)
     rig.control.send(mains=False)
-    _wait_for(lambda: _runs(hooks_file), 10, "the genuine mains_lost hook")
-    genuine = _wait_for(lambda: [p for p in captured if b"mains_lost" in p], 5, "the captured event")[0]
+    wait_for(lambda: _runs(hooks_file), 10, "the genuine mains_lost hook")
+    genuine = wait_for(lambda: [p for p in captured if b"mains_lost" in p], 5, "the captured event")[0]
     return spy, genuine
 
 
@@ -161,7 +153,7 @@ def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
     spy.publish(protocol.topic("stranger", protocol.EVENT), genuine, qos=1)
     spy.publish(protocol.topic(rig.sid, protocol.STATUS), b"pwned", qos=1)
     want = {"bad_signature", "replayed", "malformed", "unsigned", "unknown_sentinel"}
-    _wait_for(lambda: want <= {r["reason"] for r in bridge.journal().rejections()}, 10, f"rejections {want}")
+    wait_for(lambda: want <= {r["reason"] for r in bridge.journal().rejections()}, 10, f"rejections {want}")
     rejected = bridge.journal().rejections()
     replay = next(r for r in rejected if r["reason"] == "replayed")
     assert "already seen" in replay["detail"] and replay["topic"] == topic
@@ -169,7 +161,7 @@ def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
     time.sleep(0.5)
     assert [r["HOLDOVER_EVENT"] for r in _runs(hooks_file)] == ["mains_lost"]
     rig.control.send(mains=True)
-    _wait_for(lambda: len(_runs(hooks_file)) == 2, 10, "the genuine mains_restored hook")
+    wait_for(lambda: len(_runs(hooks_file)) == 2, 10, "the genuine mains_restored hook")
     spy.loop_stop()
     spy.disconnect()
 
@@ -181,7 +173,7 @@ def test_a_replay_is_refused_after_the_bridge_restarts(e2e, tmp_path: Path) -> N
     again = BridgeProcess(rig, [{"events": ["*"], "run": RECORD + str(hooks_file)}])
     try:
         spy.publish(protocol.topic(rig.sid, protocol.EVENT), genuine, qos=1)
-        _wait_for(lambda: any(r["reason"] == "replayed" for r in again.journal().rejections()), 10, "the rejection")
+        wait_for(lambda: any(r["reason"] == "replayed" for r in again.journal().rejections()), 10, "the rejection")
         assert [r["HOLDOVER_EVENT"] for r in _runs(hooks_file)] == ["mains_lost"]
     finally:
         bridge.proc = again.proc  # the fixture stops whichever bridge is running
@@ -202,11 +194,11 @@ def test_a_hung_hook_is_killed_and_never_delays_the_next(tmp_path: Path) -> None
     try:
         rig.control.send(mains=False)
         t = time.monotonic()
-        _wait_for(lambda: _runs(fast), 10, "the fast hook")
+        wait_for(lambda: _runs(fast), 10, "the fast hook")
         rig.control.send(mains=True)
-        _wait_for(lambda: len(_runs(fast)) == 2, 10, "the second fast hook")
+        wait_for(lambda: len(_runs(fast)) == 2, 10, "the second fast hook")
         assert time.monotonic() - t < 5  # not held up behind the 60 s sleep
-        runs = _wait_for(lambda: len(bridge.journal().hook_runs()) == 4 and bridge.journal().hook_runs(), 10, "4 runs")
+        runs = wait_for(lambda: len(bridge.journal().hook_runs()) == 4 and bridge.journal().hook_runs(), 10, "4 runs")
         outcomes = {r["hook"]: r["outcome"] for r in runs}
         assert outcomes["sleep 60"] == "timeout"
         assert outcomes["exit 3"] == "failed"

@@ -7,11 +7,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
 from holdover.launch import LaunchError, launch, recover, sessions
 from holdover.train import ckpt, registry
 
@@ -28,15 +28,6 @@ def private_tmux(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     subprocess.run(["tmux", "kill-server"], capture_output=True)
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, private_tmux) -> None:
     reg = tmp_path / "reg"
@@ -50,7 +41,7 @@ def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, pr
         r = registry.Registration.from_json(path.read_text())
         return r if r.socket else None
 
-    r = _wait(hooked, 30, "the run's own registration (with its socket)")
+    r = wait_for(hooked, 30, "the run's own registration (with its socket)")
     assert r.pid == run.pid  # exec: the pane process is the training command itself
     assert r.tmux == "holdover-exp1"
     with socket.socket(socket.AF_UNIX) as s:
@@ -63,7 +54,7 @@ def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, pr
             if lines[-1]["state"] in ("done", "failed"):
                 break
         assert lines[-1]["state"] == "done"
-    _wait(lambda: '"step": 3' in run.log.read_text(), 30, "output in the log file")
+    wait_for(lambda: '"step": 3' in run.log.read_text(), 30, "output in the log file")
     with pytest.raises(LaunchError, match="still running"):
         launch("exp1", argv, ckpt_dir=ck, registry_dir=reg)
 
@@ -71,7 +62,7 @@ def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, pr
     assert runs["exp1"]["state"] == "running" and "resume" not in runs["exp1"]
 
     subprocess.run(["kill", "-9", str(run.pid)], check=True)  # the outage
-    _wait(lambda: not registry.pid_alive(run.pid), 10, "the run to die")
+    wait_for(lambda: not registry.pid_alive(run.pid), 10, "the run to die")
     got = recover(reg)[0]
     assert got["state"] == "stopped"
     assert got["checkpoint"]["step"] == lines[-1]["step"]
@@ -80,7 +71,7 @@ def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, pr
     assert "holdover launch --name exp1 --ckpt" in got["resume"] and "holdover.train.toy" in got["resume"]
     # The dead pane is kept (remain-on-exit) but does not block a relaunch under the same name.
     again = launch("exp1", [sys.executable, "-c", "print('again')"], registry_dir=reg)
-    _wait(lambda: "again" in again.log.read_text(), 10, "the relaunched run's output")
+    wait_for(lambda: "again" in again.log.read_text(), 10, "the relaunched run's output")
 
 
 def test_launch_refuses_bad_names_and_empty_commands(private_tmux) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from conftest import Toy, losses
+from conftest import Toy, losses, wait_for
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.rescue import Rescuer
@@ -37,15 +37,6 @@ HANG = (
     "    time.sleep(0.2)  # never reaches a step boundary: a wedged data loader\n"
 )
 
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 _seq = iter(range(1, 1_000_000))
@@ -87,7 +78,7 @@ def test_power_cut_on_the_sentinel_gets_a_verified_checkpoint_that_resumes_exact
             with Journal(journal, readonly=True) as j:
                 return [s for s in j.steps() if s["action"] == "verified"]
 
-        found = _wait(verified, 60, "a verified checkpoint")[0]
+        found = wait_for(verified, 60, "a verified checkpoint")[0]
         step = found["detail"]
         assert found["target"].startswith("toy:") and step["bytes"] > 0 and step["mb_s"] > 0
         with Journal(journal, readonly=True) as j:
@@ -153,7 +144,7 @@ def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path
             with Journal(db) as j:
                 r = Rescuer(s, j)
                 await _drive(r, _event(j, protocol.MAINS_LOST), idle=False)
-                await asyncio.to_thread(_wait, lambda: any(x["action"] == "queued" for x in j.steps()), 30, "queued")
+                await asyncio.to_thread(wait_for, lambda: any(x["action"] == "queued" for x in j.steps()), 30, "queued")
                 await r.close()  # the bridge stops (or crashes) here
 
         asyncio.run(first())
@@ -238,3 +229,46 @@ def test_registrations_that_are_garbage_or_stale_are_reported(tmp_path: Path) ->
     assert any("junk.json: unreadable registration" in p for p in problems)
     assert any("gone" in p and "stale" in p for p in problems)
     assert json.loads((reg / "gone.json").read_text())["pid"] == dead.pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_save_that_hits_a_full_disk_alerts_and_falls_back_leaving_the_old_checkpoint(tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)], check=True)
+    run = None
+    try:
+        # One checkpoint of the toy (~230 KB) fits; a second does not.
+        run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02", "--ckpt", str(mnt))  # the later --ckpt wins
+        run.ckpt = mnt
+        first = run.ask({"op": "save", "id": "before", "reason": "periodic"})[-1]
+        assert first["state"] == "done"
+        s = _settings(tmp_path, gcore=False, shm=[])
+        with Journal(tmp_path / "j.db") as j:
+            asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_LOW)))
+            failed = [x for x in j.steps() if x["action"] == "failed"]
+            alerts = j.alerts()
+        assert failed and "disk full" in failed[0]["detail"]["error"]
+        assert any(a["kind"] == "checkpoint_failed" and "disk full" in a["text"] for a in alerts)
+        assert ckpt.candidates(mnt) == [Path(first["dir"])]
+        assert ckpt.verify(first["dir"]).step == first["step"]
+        assert run.proc.poll() is None  # the run keeps training
+    finally:
+        if run:
+            run.proc.kill()
+            run.finish()
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_unregistered_processes_are_found_by_command_line(tmp_path: Path) -> None:
+    from holdover.targets import discover
+
+    tag = f"holdover-match-{os.getpid()}"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", tag])
+    try:
+        targets, _ = discover(_settings(tmp_path, match_cmdline=[tag]))
+        [t] = targets
+        assert t.pid == proc.pid and t.source == "cmdline" and t.socket is None
+    finally:
+        proc.kill()
+        proc.wait()

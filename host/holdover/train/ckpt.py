@@ -45,6 +45,8 @@ from typing import Any
 
 import xxhash
 
+from holdover.train.registry import pid_alive
+
 FORMAT = "holdover-ckpt/1"
 MANIFEST = "MANIFEST.json"
 TMP_PREFIX = ".tmp-"
@@ -395,18 +397,23 @@ def _open_for_read(path: Path, direct: bool) -> tuple[int, bool]:
     return os.open(path, flags), False
 
 
-def read_file(path: Path, entry: FileEntry, into: mmap.mmap | None = None, direct: bool = True) -> mmap.mmap:
-    """Read one file whole (from the media, with O_DIRECT where allowed) and check size and hash.
-
-    Returns the page-aligned buffer holding it, so a loader can use the bytes it just verified
-    instead of reading the file a second time.
-    """
+def _checked_size(path: Path, entry: FileEntry) -> int:
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
     if size != entry.size:
         raise CheckpointError(f"{path}: size {size} bytes, the manifest says {entry.size}")
+    return size
+
+
+def read_file(path: Path, entry: FileEntry, into: mmap.mmap | None = None, direct: bool = True) -> mmap.mmap:
+    """Read one file whole (from the media, with O_DIRECT where allowed) and check size and hash.
+
+    Returns the page-aligned buffer holding it, so a loader can use the bytes it just verified
+    instead of reading the file a second time.
+    """
+    size = _checked_size(path, entry)
     cap = -(-max(size, 1) // ALIGN) * ALIGN
     buf = into if into is not None and len(into) >= cap else mmap.mmap(-1, cap)
     view = memoryview(buf)
@@ -433,12 +440,7 @@ def read_file(path: Path, entry: FileEntry, into: mmap.mmap | None = None, direc
 
 def _hash_file(path: Path, entry: FileEntry, direct: bool) -> None:
     # Streaming variant of read_file for verification only: one chunk of memory per thread.
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    if size != entry.size:
-        raise CheckpointError(f"{path}: size {size} bytes, the manifest says {entry.size}")
+    size = _checked_size(path, entry)
     st = _Staging()
     hasher = xxhash.xxh3_128()
     try:
@@ -532,16 +534,6 @@ def prune(root: Path | str, keep: int, protect: Iterable[Path] = ()) -> list[Pat
             shutil.rmtree(p, ignore_errors=True)
         elif p.name.startswith(TMP_PREFIX):
             pid = p.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(p, ignore_errors=True)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
