@@ -101,6 +101,14 @@ class Toy:
         out, err = self.proc.communicate(timeout=timeout)
         return out, err
 
+    def __enter__(self) -> Toy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A run left training (most tests ask it for steps without end) is killed and reaped.
+        self.proc.kill()
+        self.finish()
+
 
 def wait_for(pred, timeout: float, what: str):
     """Poll pred until it returns something true; fail naming what never happened."""

@@ -178,8 +178,7 @@ def test_save_on_request_then_resume_reproduces_the_uninterrupted_run(tmp_path: 
 
 
 def test_repeated_request_id_watches_instead_of_saving_twice(tmp_path: Path) -> None:
-    run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02")
-    try:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02") as run:
         first = run.ask({"op": "save", "id": "same", "reason": "test"})
         again = run.ask({"op": "save", "id": "same", "reason": "test"})
         assert first[-1]["state"] == again[-1]["state"] == "done"
@@ -189,14 +188,10 @@ def test_repeated_request_id_watches_instead_of_saving_twice(tmp_path: Path) -> 
         assert status["requests"]["same"]["state"] == "done"
         assert status["registration"]["last_save"]["step"] == first[-1]["step"]
         assert run.ask({"op": "watch", "id": "nope"})[-1]["state"] == "unknown"
-    finally:
-        run.proc.kill()
-        run.finish()
 
 
 def test_signal_asks_for_a_save_at_the_next_step(tmp_path: Path) -> None:
-    run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02")
-    try:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02") as run:
         reg = run.registration()
         assert reg.signal == signal.SIGUSR2 and reg.ckpt_dir == str(run.ckpt)
         os.kill(reg.pid, signal.SIGUSR2)
@@ -206,14 +201,10 @@ def test_signal_asks_for_a_save_at_the_next_step(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert ckpt.verify(ckpt.candidates(run.ckpt)[0]).meta["reason"] == "signal"
         assert run.proc.poll() is None  # SIGUSR2 saves; it does not stop the run
-    finally:
-        run.proc.kill()
-        run.finish()
 
 
 def test_malformed_socket_requests_get_an_error_line(tmp_path: Path) -> None:
-    run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.05")
-    try:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.05") as run:
         reg = run.registration()
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)
@@ -223,9 +214,6 @@ def test_malformed_socket_requests_get_an_error_line(tmp_path: Path) -> None:
             assert "malformed request" in json.loads(f.readline())["error"]
             assert "unknown op" in json.loads(f.readline())["error"]
             assert json.loads(f.readline())["registration"]["name"] == "toy"
-    finally:
-        run.proc.kill()
-        run.finish()
 
 
 # --- schedule, drift, warm-up ---------------------------------------------------------------------

@@ -65,8 +65,7 @@ async def _drive(rescuer: Rescuer, *events: Event, idle: bool = True) -> None:
 def test_power_cut_on_the_sentinel_gets_a_verified_checkpoint_that_resumes_exactly(rig_factory, tmp_path: Path) -> None:
     ref = Toy(tmp_path / "ref", "--steps", "400")
     ref_losses = losses(ref.finish(120)[0])
-    run = Toy(tmp_path / "live", "--steps", "100000", "--step-sleep", "0.02")
-    try:
+    with Toy(tmp_path / "live", "--steps", "100000", "--step-sleep", "0.02") as run:
         run.registration()
         rig = rig_factory(protect={"registry": str(run.reg_dir), "rescue_dir": str(tmp_path / "rescue"), "grace": 0})
         rig.wait("boot", timeout=30)
@@ -86,9 +85,6 @@ def test_power_cut_on_the_sentinel_gets_a_verified_checkpoint_that_resumes_exact
             assert actions[:2] == ["requested", "queued"] and "done" in actions
             assert j.rescues()[0]["reason"] == protocol.MAINS_LOST
         assert run.proc.poll() is None  # after_save=continue: the run goes on
-    finally:
-        run.proc.kill()
-        run.finish()
     saved = step["step"]
     assert saved < 400
     # Resume from the emergency checkpoint, not a later one: keep only it.
@@ -134,8 +130,7 @@ def test_a_wedged_run_is_dumped_with_gcore_and_shm_is_copied(tmp_path: Path) -> 
 
 def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path) -> None:
     # Steps of 1.5 s: the request waits in the run's queue while the first bridge goes away.
-    run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "1.5")
-    try:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "1.5") as run:
         run.registration()
         s = _settings(tmp_path)
         db = tmp_path / "j.db"
@@ -164,9 +159,6 @@ def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path
         assert len(ckpt.candidates(run.ckpt)) == 1
         status = run.ask({"op": "status"})[0]
         assert list(status["requests"]) == list(ids)
-    finally:
-        run.proc.kill()
-        run.finish()
 
 
 def test_mains_back_within_the_grace_time_saves_nothing(tmp_path: Path) -> None:
@@ -189,9 +181,8 @@ def test_mains_back_within_the_grace_time_saves_nothing(tmp_path: Path) -> None:
 
 
 def test_signal_fallback_and_the_final_command_on_critical_battery(tmp_path: Path) -> None:
-    run = Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02")
     flag = tmp_path / "shutdown-ran"
-    try:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02") as run:
         reg = run.registration()
         os.unlink(reg.socket)  # the socket is gone: only the signal can reach the run
         s = _settings(tmp_path, final_command=f"echo bye > {flag}")
@@ -204,9 +195,6 @@ def test_signal_fallback_and_the_final_command_on_critical_battery(tmp_path: Pat
         assert actions.index("verified") < actions.index("final_command") < actions.index("final_done")
         assert flag.read_text().strip() == "bye"
         assert 80 < deadline - started < 90  # runtime 90 s minus the 5 s margin, from the event's arrival
-    finally:
-        run.proc.kill()
-        run.finish()
 
 
 def test_a_repeated_trigger_event_starts_no_second_rescue(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 import psutil
 import xxhash
 
+from holdover.train.ckpt import fsync_dir
+
 CHUNK = 8 << 20
 
 
@@ -118,11 +120,7 @@ def _copy_one(src: Path, dst: Path) -> dict[str, Any]:
         fo.flush()
         os.fsync(fo.fileno())
     os.replace(tmp, dst)
-    fd = os.open(dst.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(dst.parent)
     return {"src": str(src), "dst": str(dst), "bytes": size, "xxh3_128": h.hexdigest()}
 
 

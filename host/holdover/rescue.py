@@ -35,7 +35,7 @@ from holdover import dump
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.settings import ProtectSettings
-from holdover.targets import Target, discover
+from holdover.targets import Target, discover, registry_dir
 from holdover.train import ckpt, registry
 
 log = logging.getLogger("holdover.rescue")
@@ -158,16 +158,15 @@ class Rescuer:
         self.journal.rescue_update(rid, state="finished", finished=time.time())
         self.journal.step(rid, "*", None, "finished", outcomes=outcomes)
 
-    def _history(self, rid: int, t: Target) -> list[str]:
-        return [s["action"] for s in self.journal.steps(rid, t.key)]
-
     async def _protect(self, rid: int, t: Target) -> str:
-        done = self._history(rid, t)
+        # What a previous bridge already did for this target in this rescue (empty on a first run).
+        past = self.journal.steps(rid, t.key)
+        done = [s["action"] for s in past]
         for final in ("verified", "rescued", "lost"):
             if final in done:
                 return final  # settled before a bridge restart
         reserve = dump.estimate_gcore_seconds(t.pid, self.s.gcore_rate_mb_s) if self.s.gcore else 0.0
-        outcome = await self._ask(rid, t, done, reserve)
+        outcome = await self._ask(rid, t, past, reserve)
         if outcome is not None:
             directory, info = outcome
             try:
@@ -186,13 +185,12 @@ class Rescuer:
                 self._alert("critical", "checkpoint_bad", f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
 
-    async def _ask(self, rid: int, t: Target, done: list[str], reserve: float) -> tuple[Path, dict[str, Any]] | None:
+    async def _ask(self, rid: int, t: Target, past: list[dict[str, Any]], reserve: float) \
+            -> tuple[Path, dict[str, Any]] | None:
         """Get a save out of the target; its directory and the training side's report, or None."""
         give_up = lambda: self._deadline[rid] - reserve  # noqa: E731 - the deadline can move while we wait
-        request_id = None
-        for s in self.journal.steps(rid, t.key):
-            if s["action"] == "requested":
-                request_id = s["detail"]["id"]
+        request_id = next((s["detail"]["id"] for s in past if s["action"] == "requested"), None)
+        since = past[0]["ts"] if past else time.time()
         if t.socket and Path(t.socket).exists():
             if request_id is None:
                 request_id = uuid.uuid4().hex[:12]
@@ -201,7 +199,7 @@ class Rescuer:
                 return await self._follow(rid, t, request_id, give_up)
             except (OSError, ConnectionError) as e:
                 self.journal.step(rid, t.key, t.pid, "socket_failed", error=str(e))
-        if "signalled" in done or "signalled" in self._history(rid, t):
+        if any(s["action"] == "signalled" for s in past):
             log.info("%s: already signalled before a restart; not signalling twice", t.key)
         elif t.signal:
             self.journal.step(rid, t.key, t.pid, "signalled", signal=signal.Signals(t.signal).name)
@@ -215,7 +213,7 @@ class Rescuer:
         if t.reg is None:
             # An unregistered process: nothing reports a save, so only the dump is certain.
             return None
-        return await self._poll_registration(rid, t, give_up)
+        return await self._poll_registration(rid, t, since, give_up)
 
     async def _follow(self, rid: int, t: Target, request_id: str, give_up: Callable[[], float]) \
             -> tuple[Path, dict[str, Any]] | None:
@@ -266,11 +264,10 @@ class Rescuer:
             with contextlib.suppress(OSError, ConnectionError):
                 await writer.wait_closed()
 
-    async def _poll_registration(self, rid: int, t: Target, give_up: Callable[[], float]) \
+    async def _poll_registration(self, rid: int, t: Target, since: float, give_up: Callable[[], float]) \
             -> tuple[Path, dict[str, Any]] | None:
-        # After a signal the only report is the registration file's last_save.
-        path = registry.registration_path(Path(self._registry()), t.reg.name, t.reg.rank) if t.reg else None
-        since = self.journal.steps(rid, t.key)[0]["ts"] if self.journal.steps(rid, t.key) else time.time()
+        # After a signal the only report is the registration file's last_save (newer than `since`).
+        path = registry.registration_path(registry_dir(self.s), t.reg.name, t.reg.rank) if t.reg else None
         while time.time() < give_up():
             if not registry.pid_alive(t.pid):
                 self.journal.step(rid, t.key, t.pid, "lost", error="the process exited before saving")
@@ -287,11 +284,6 @@ class Rescuer:
         self.journal.step(rid, t.key, t.pid, "too_late", state="signalled")
         self._alert("critical", "checkpoint_late", f"{t.name}: no checkpoint after the signal before the deadline")
         return None
-
-    def _registry(self) -> Path:
-        from holdover.targets import registry_dir
-
-        return registry_dir(self.s)
 
     async def _last_resort(self, rid: int, t: Target) -> str:
         out = self.s.rescue_dir / f"rescue-{rid}" / t.key.replace(":", "-").replace("/", "_")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import signal
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -97,17 +99,13 @@ class ProtectSettings(_Strict):
     @field_validator("signal")
     @classmethod
     def _signal(cls, v: str) -> str:
-        import signal as sig
-
-        if not hasattr(sig, v) or not v.startswith("SIG"):
+        if not hasattr(signal, v) or not v.startswith("SIG"):
             raise ValueError(f"unknown signal {v!r} (e.g. SIGUSR2)")
         return v
 
     @field_validator("match_cmdline")
     @classmethod
     def _regexes(cls, v: list[str]) -> list[str]:
-        import re
-
         for r in v:
             try:
                 re.compile(r)

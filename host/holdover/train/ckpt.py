@@ -146,7 +146,7 @@ class Manifest:
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -329,14 +329,14 @@ def save(
             except OSError as e:
                 raise _explain(e, tmp / name, total, root) from None
             files.append(FileEntry(name, len(data), xxhash.xxh3_128(data).hexdigest()))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         manifest = Manifest(step, files, dict(meta or {}), time.time())
         manifest.seconds = round(time.monotonic() - t0, 6)
         try:
             _write_small(tmp / MANIFEST, manifest.to_json().encode())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             os.rename(tmp, final)
-            _fsync_dir(root)
+            fsync_dir(root)
         except OSError as e:
             raise _explain(e, tmp / MANIFEST, total, root) from None
     except BaseException:
@@ -407,60 +407,51 @@ def _checked_size(path: Path, entry: FileEntry) -> int:
     return size
 
 
-def read_file(path: Path, entry: FileEntry, into: mmap.mmap | None = None, direct: bool = True) -> mmap.mmap:
-    """Read one file whole (from the media, with O_DIRECT where allowed) and check size and hash.
+def _read_checked(path: Path, entry: FileEntry, direct: bool, whole: bool) -> mmap.mmap | None:
+    """Read a file from the media (O_DIRECT where allowed), checking its size and hash.
 
-    Returns the page-aligned buffer holding it, so a loader can use the bytes it just verified
-    instead of reading the file a second time.
+    With `whole`, the file lands in one page-aligned buffer that is returned, so a loader uses
+    the bytes it just verified; otherwise one chunk-sized buffer is reused (verification only).
     """
     size = _checked_size(path, entry)
     cap = -(-max(size, 1) // ALIGN) * ALIGN
-    buf = into if into is not None and len(into) >= cap else mmap.mmap(-1, cap)
-    view = memoryview(buf)
-    hasher = xxhash.xxh3_128()
-    fd, _ = _open_for_read(path, direct)
-    try:
-        off = 0
-        while off < size:
-            want = min(CHUNK, cap - off)
-            n = os.preadv(fd, [view[off : off + want]], off)
-            if n <= 0:
-                raise CheckpointError(f"{path}: short read at {off} of {size} bytes")
-            hasher.update(view[off : off + min(n, size - off)])
-            off += n
-    except OSError as e:
-        raise CheckpointError(f"{path}: read failed: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-        view.release()
-    if hasher.hexdigest() != entry.hash:
-        raise CheckpointError(f"{path}: hash mismatch (the file is damaged)")
-    return buf
-
-
-def _hash_file(path: Path, entry: FileEntry, direct: bool) -> None:
-    # Streaming variant of read_file for verification only: one chunk of memory per thread.
-    size = _checked_size(path, entry)
-    st = _Staging()
+    buf = _Staging(cap if whole else CHUNK)
     hasher = xxhash.xxh3_128()
     try:
         fd, _ = _open_for_read(path, direct)
         try:
             off = 0
             while off < size:
-                n = os.preadv(fd, [st.view], off)
+                start = off if whole else 0
+                window = buf.view[start : start + min(CHUNK, buf.size - start)]
+                n = os.preadv(fd, [window], off)
                 if n <= 0:
                     raise CheckpointError(f"{path}: short read at {off} of {size} bytes")
-                hasher.update(st.view[: min(n, size - off)])
+                hasher.update(window[: min(n, size - off)])
                 off += n
         finally:
             os.close(fd)
     except OSError as e:
+        buf.close()
         raise CheckpointError(f"{path}: read failed: {e.strerror or e}") from None
-    finally:
-        st.close()
+    except BaseException:
+        buf.close()
+        raise
     if hasher.hexdigest() != entry.hash:
+        buf.close()
         raise CheckpointError(f"{path}: hash mismatch (the file is damaged)")
+    if not whole:
+        buf.close()
+        return None
+    buf.view.release()
+    return buf.map
+
+
+def read_file(path: Path, entry: FileEntry, direct: bool = True) -> mmap.mmap:
+    """Read one file whole and check size and hash; returns the buffer holding its bytes."""
+    m = _read_checked(path, entry, direct, whole=True)
+    assert m is not None
+    return m
 
 
 def verify(directory: Path | str, threads: int = 4, direct: bool = True) -> Manifest:
@@ -468,7 +459,7 @@ def verify(directory: Path | str, threads: int = 4, direct: bool = True) -> Mani
     directory = Path(directory)
     manifest = read_manifest(directory)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(manifest.files) or 1))) as pool:
-        futures = [pool.submit(_hash_file, directory / f.name, f, direct) for f in manifest.files]
+        futures = [pool.submit(_read_checked, directory / f.name, f, direct, False) for f in manifest.files]
         for fut in futures:
             fut.result()
     return manifest
@@ -521,8 +512,9 @@ def prune(root: Path | str, keep: int, protect: Iterable[Path] = ()) -> list[Pat
     """Remove all but the newest `keep` committed checkpoints (and stale temporaries of dead writers)."""
     root = Path(root)
     removed = []
-    keepers = set(candidates(root)[: max(1, keep)]) | {Path(p) for p in protect}
-    for p in candidates(root):
+    committed = candidates(root)
+    keepers = set(committed[: max(1, keep)]) | {Path(p) for p in protect}
+    for p in committed:
         if p not in keepers:
             # Rename first so a crash mid-delete never leaves a half-deleted dir that looks committed.
             trash = root / f"{TMP_PREFIX}trash-{p.name}"

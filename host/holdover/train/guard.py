@@ -198,6 +198,8 @@ class Guard:
             except OSError:
                 return
             t = threading.Thread(target=self._client, args=(conn,), daemon=True)
+            # Only live connections are kept: a run polled for weeks must not pile up dead threads.
+            self._clients = [c for c in self._clients if c.is_alive()]
             self._clients.append(t)
             t.start()
 

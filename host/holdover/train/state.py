@@ -237,9 +237,15 @@ def apply(
     model.load_state_dict({k: v for k, v in t.items() if not k.startswith((OPT, RNG))})
     opt = loaded.train.get("optimizer")
     if optimizer is not None and opt is not None:
+        # One pass over the tensors: "optim/<param>/<key>" grouped by parameter name.
+        by_param: dict[str, dict[str, Any]] = {}
+        for k, v in t.items():
+            if k.startswith(OPT):
+                pname, _, key = k[len(OPT) :].rpartition("/")
+                by_param.setdefault(pname, {})[key] = v
         state: dict[int, dict[str, Any]] = {}
         for idx, pname in enumerate(opt["names"]):
-            st = {k.rsplit("/", 1)[1]: v for k, v in t.items() if k.startswith(f"{OPT}{pname}/")}
+            st = by_param.get(pname, {})
             st.update(opt["scalars"].get(pname, {}))
             if st:
                 state[idx] = st
