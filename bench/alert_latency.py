@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
-from holdover.rig import Rig
+from holdover.lab.rig import Rig
 
 
 def percentile(xs: list[float], p: float) -> float:

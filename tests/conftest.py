@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from holdover.emulator import firmware_dir, micropython_binary
-from holdover.rig import Rig
+from holdover.board.emulator import firmware_dir, micropython_binary
+from holdover.lab.rig import Rig
 from holdover.train import registry
 
 MPY_DIR = Path(__file__).parent / "mpy"

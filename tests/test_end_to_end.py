@@ -17,7 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from conftest import wait_for
 from holdover.firmware import protocol
 from holdover.journal import Journal
-from holdover.rig import Rig
+from holdover.lab.rig import Rig
 
 # Each hook appends one JSON line of what it was told, so the test sees every run.
 RECORD = (

@@ -12,7 +12,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from conftest import run_micropython
 from holdover.firmware import protocol
-from holdover.rig import Rig
+from holdover.lab.rig import Rig
 
 
 class Listener:

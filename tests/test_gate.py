@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from holdover.bridge.gate import Gate
 from holdover.firmware import protocol
-from holdover.gate import Gate
 from holdover.journal import Journal
 
 KEY = b"gate-test-key-0123456789"

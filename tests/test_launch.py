@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from holdover.launch import LaunchError, launch, recover, sessions
+from holdover.node.launch import LaunchError, launch, recover, sessions
 from holdover.train import ckpt, registry
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from holdover.emulator import firmware_dir
+from holdover.board.emulator import firmware_dir
 
 MODULES = sorted(p.name for p in firmware_dir().glob("*.py") if p.name != "__init__.py")
 

@@ -21,7 +21,7 @@ import xxhash
 from conftest import Toy, losses, wait_for
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
-from holdover.rescue import Rescuer
+from holdover.node.rescue import Rescuer
 from holdover.settings import ProtectSettings
 from holdover.train import ckpt, registry
 
@@ -205,7 +205,7 @@ def test_a_repeated_trigger_event_starts_no_second_rescue(tmp_path: Path) -> Non
 
 
 def test_registrations_that_are_garbage_or_stale_are_reported(tmp_path: Path) -> None:
-    from holdover.targets import discover
+    from holdover.node.targets import discover
 
     reg = tmp_path / "reg"
     reg.mkdir()
@@ -249,7 +249,7 @@ def test_a_save_that_hits_a_full_disk_alerts_and_falls_back_leaving_the_old_chec
 
 
 def test_unregistered_processes_are_found_by_command_line(tmp_path: Path) -> None:
-    from holdover.targets import discover
+    from holdover.node.targets import discover
 
     tag = f"holdover-match-{os.getpid()}"
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", tag])

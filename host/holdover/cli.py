@@ -53,7 +53,7 @@ def emu(
     ),
 ) -> None:
     """Run the unchanged firmware in the MicroPython unix port on the emulated board."""
-    from holdover.emulator import Emulator, EmulatorError, parse_hostport
+    from holdover.board.emulator import Emulator, EmulatorError, parse_hostport
 
     try:
         emulator = Emulator(config, parse_hostport(control), heap=heap, state_dir=state)
@@ -74,7 +74,7 @@ def demo(
     debounce_ms: int = typer.Option(300, help="Mains debounce on the emulated sentinel."),
 ) -> None:
     """Run the whole chain locally: Mosquitto, an emulated sentinel, the bridge; cut and restore mains."""
-    from holdover.demo import run_demo
+    from holdover.lab.demo import run_demo
 
     raise typer.Exit(run_demo(debounce_ms=debounce_ms))
 
@@ -87,8 +87,8 @@ def launch(
     log_dir: Path | None = typer.Option(None, help="Where the output log goes (default: the state directory)."),
 ) -> None:
     """Run a training command inside tmux, logged to a file and registered for protection: launch -n NAME -- CMD..."""
-    from holdover.launch import LaunchError
-    from holdover.launch import launch as do_launch
+    from holdover.node.launch import LaunchError
+    from holdover.node.launch import launch as do_launch
 
     try:
         run = do_launch(name, list(ctx.args), ckpt_dir=ckpt, log_dir=log_dir)
@@ -105,7 +105,7 @@ def recover() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from holdover.launch import recover as do_recover
+    from holdover.node.launch import recover as do_recover
 
     runs = do_recover()
     console = Console()

@@ -207,11 +207,11 @@ class Guard:
         with conn, conn.makefile("rb") as rf:
             for raw in rf:
                 try:
-                    msg = json.loads(raw)
-                    op = msg["op"]
-                except (ValueError, KeyError, TypeError):
-                    conn.sendall(registry.encode({"error": "malformed request: expected a JSON object with 'op'"}))
+                    msg = registry.parse_request(raw)
+                except ValueError as e:
+                    conn.sendall(registry.encode({"error": str(e)}))
                     continue
+                op = msg["op"]
                 if op == "status":
                     with self._cv:
                         reqs = {k: dict(v) for k, v in self._requests.items()}

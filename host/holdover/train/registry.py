@@ -10,18 +10,23 @@ socket named in it. The socket speaks JSON lines:
                                                save with a known id also only watches, never saves twice
     -> {"op": "status"}                        <- {"registration": {...}, "requests": {id: state}}
 
+Both ends live here: ``parse_request`` for the training side's server (in ``guard``), ``SaveChannel``
+for the bridge's client (used by ``node.rescue``).
+
 The signal (SIGUSR2 by default) is the fallback when the socket cannot be reached; it carries no
 id, so the bridge journals that it sent it and never sends it twice for one rescue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 STATES_FINAL = ("done", "failed")
@@ -122,3 +127,62 @@ def pid_alive(pid: int) -> bool:
 
 def encode(msg: dict[str, Any]) -> bytes:
     return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+def parse_request(raw: bytes) -> dict[str, Any]:
+    """One request line as the training side reads it; ValueError says what is wrong with it."""
+    try:
+        msg = json.loads(raw)
+    except ValueError:
+        raise ValueError("malformed request: not JSON") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+        raise ValueError("malformed request: expected a JSON object with 'op'")
+    return msg
+
+
+class SaveChannel:
+    """The bridge's end of the socket: one request and the stream of states the run answers with.
+
+    ``next()`` raises ConnectionError when the run closes the socket or answers garbage, so the
+    caller has one failure to handle and falls back to the signal.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, path: str | Path, timeout: float = 5.0) -> SaveChannel:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout)
+        return cls(reader, writer)
+
+    async def send(self, op: str, **fields: Any) -> None:
+        self.writer.write(encode({"op": op, **fields}))
+        await self.writer.drain()
+
+    async def next(self, timeout: float) -> dict[str, Any] | None:
+        """The next message, or None if none came within ``timeout`` seconds."""
+        try:
+            line = await asyncio.wait_for(self.reader.readline(), timeout=timeout)
+        except TimeoutError:
+            return None
+        if not line:
+            raise ConnectionError("the training process closed the socket")
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            raise ConnectionError(f"garbled answer from the training process: {line[:80]!r}") from None
+        if not isinstance(msg, dict):
+            raise ConnectionError(f"garbled answer from the training process: {line[:80]!r}")
+        return msg
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self.writer.wait_closed()
+
+    async def __aenter__(self) -> SaveChannel:
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()

@@ -13,7 +13,7 @@ from typing import Any
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 
-log = logging.getLogger("holdover.gate")
+log = logging.getLogger("holdover.bridge.gate")
 
 INTERNAL = "internal"
 RETAINED_EVENT = "retained_event"

@@ -18,10 +18,10 @@ from typing import Any
 import tomli_w
 
 from holdover import settings as settings_mod
+from holdover.board.emulator import Control, Emulator
 from holdover.bridge import Bridge, BridgeThread
-from holdover.broker import Broker, free_port
-from holdover.emulator import Control, Emulator
-from holdover.gate import Verdict
+from holdover.bridge.gate import Verdict
+from holdover.lab.broker import Broker, free_port
 
 
 @dataclass

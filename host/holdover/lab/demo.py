@@ -13,11 +13,11 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from rich.console import Console
 
-from holdover.broker import BrokerError
-from holdover.emulator import EmulatorError
+from holdover.board.emulator import EmulatorError
 from holdover.firmware import protocol
 from holdover.journal import Journal
-from holdover.rig import Rig, Seen
+from holdover.lab.broker import BrokerError
+from holdover.lab.rig import Rig, Seen
 
 HOOK = 'echo "hook ran: $HOLDOVER_EVENT from $HOLDOVER_SENTINEL, seq $HOLDOVER_SEQ"'
 STYLE = {"demo": "bold cyan", "sentinel": "green", "bridge": "yellow", "hook": "magenta", "broker": "blue"}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -31,14 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from holdover import dump
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
+from holdover.node import dump
+from holdover.node.targets import Target, discover, registry_dir
 from holdover.settings import ProtectSettings
-from holdover.targets import Target, discover, registry_dir
 from holdover.train import ckpt, registry
 
-log = logging.getLogger("holdover.rescue")
+log = logging.getLogger("holdover.node.rescue")
 TRIGGERS = (protocol.MAINS_LOST, protocol.BATTERY_LOW, protocol.BATTERY_CRITICAL)
 
 
@@ -218,11 +217,9 @@ class Rescuer:
     async def _follow(self, rid: int, t: Target, request_id: str, give_up: Callable[[], float]) \
             -> tuple[Path, dict[str, Any]] | None:
         assert t.socket
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(t.socket), 5)
-        try:
-            writer.write(registry.encode({"op": "save", "id": request_id, "reason": "power",
-                                          "deadline": self._deadline[rid], "after": self.s.after_save}))
-            await writer.drain()
+        async with await registry.SaveChannel.open(t.socket) as chan:
+            await chan.send("save", id=request_id, reason="power", deadline=self._deadline[rid],
+                            after=self.s.after_save)
             last_progress = time.monotonic()
             state = "sent"  # every state the run reports is journaled, the first one too
             while True:
@@ -237,16 +234,9 @@ class Rescuer:
                     self._alert("critical", "checkpoint_hung", f"{t.name}: save {state}, no progress for "
                                 f"{self.s.hang_after:.0f}s")
                     return None
-                try:
-                    line = await asyncio.wait_for(reader.readline(), timeout=min(remaining, quiet))
-                except TimeoutError:
+                msg = await chan.next(timeout=min(remaining, quiet))
+                if msg is None:
                     continue
-                if not line:
-                    raise ConnectionError("the training process closed the socket")
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    raise ConnectionError(f"garbled answer from the training process: {line[:80]!r}") from None
                 last_progress = time.monotonic()
                 new = msg.get("state", state)
                 if new != state:
@@ -259,10 +249,6 @@ class Rescuer:
                     return None
                 if state == "unknown":
                     raise ConnectionError("the training process does not know the request")
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError, ConnectionError):
-                await writer.wait_closed()
 
     async def _poll_registration(self, rid: int, t: Target, since: float, give_up: Callable[[], float]) \
             -> tuple[Path, dict[str, Any]] | None:

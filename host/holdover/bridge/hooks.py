@@ -17,7 +17,7 @@ from collections.abc import Callable
 from holdover.journal import Event, Journal
 from holdover.settings import HookSettings
 
-log = logging.getLogger("holdover.hooks")
+log = logging.getLogger("holdover.bridge.hooks")
 OUTPUT_KEEP = 4096  # bytes of a hook's output kept in the journal
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 

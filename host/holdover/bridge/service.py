@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from holdover.gate import Gate, Verdict
-from holdover.hooks import HookRunner
+from holdover.bridge.gate import Gate, Verdict
+from holdover.bridge.hooks import HookRunner
+from holdover.bridge.mqtt_link import Inbound, MqttLink
 from holdover.journal import Journal
-from holdover.mqtt_link import Inbound, MqttLink
-from holdover.rescue import Rescuer
+from holdover.node.rescue import Rescuer
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")

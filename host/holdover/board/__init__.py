@@ -1,0 +1,1 @@
+"""The firmware seen from the host: the emulator (and, later, flashing a real board)."""
