@@ -18,6 +18,7 @@ EXIT_WDT = 43
 EHOSTUNREACH = 113
 ETIMEDOUT = 110
 HALF_CYCLE_MS = 10  # 50 Hz mains: the opto output falls once per half-cycle
+CONTROL_LINE_MAX = 512  # bytes; the longest legitimate control command is ~40
 
 
 def _usage(msg):
@@ -312,21 +313,48 @@ class Board:
             return {"ok": False, "error": "get: expected state, world, adc or mem"}
         return {"ok": False, "error": "unknown command %r" % k}
 
+    def _reply(self, line):
+        try:
+            text = line.decode()
+        except UnicodeError:
+            return {"ok": False, "error": "not UTF-8"}
+        return self.command(text.strip())
+
     async def _client(self, r, w):
+        # Read in bounded chunks, never readline(): a peer that sends a megabyte without a newline
+        # must cost 2 x CONTROL_LINE_MAX of heap, not a megabyte.
+        buf = b""
+        skipping = False
         try:
             while True:
-                line = await r.readline()
-                if not line:
+                chunk = await r.read(256)
+                if not chunk:
                     break
-                if len(line) > 512:
-                    resp = {"ok": False, "error": "line too long"}
-                else:
-                    resp = self.command(line.decode().strip())
-                w.write(json.dumps(resp).encode() + b"\n")
-                await w.drain()
+                buf += chunk
+                while True:
+                    i = buf.find(b"\n")
+                    if i < 0:
+                        break
+                    line = buf[:i]
+                    buf = buf[i + 1 :]
+                    if skipping or len(line) > CONTROL_LINE_MAX:
+                        skipping = False
+                        resp = {"ok": False, "error": "line too long"}
+                    else:
+                        resp = self._reply(line)
+                    w.write(json.dumps(resp).encode() + b"\n")
+                    await w.drain()
+                if len(buf) > CONTROL_LINE_MAX:
+                    skipping = True
+                    buf = b""
         except Exception as e:  # one bad control client must not disturb the firmware
             print("# emu: control client error", repr(e))
+        # MicroPython's Stream.close() does nothing; wait_closed() is what closes the socket.
         w.close()
+        try:
+            await w.wait_closed()
+        except OSError:
+            pass
 
     async def serve(self, app):
         self.app = app

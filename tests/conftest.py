@@ -70,8 +70,13 @@ class Toy:
         self.ckpt = tmp / "ckpt"
         self.name = name
         env = dict(os.environ, HOLDOVER_REGISTRY=str(self.reg_dir))
-        self.proc = subprocess.Popen([*TOY, "--ckpt", str(self.ckpt), "--name", name, *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [*TOY, "--ckpt", str(self.ckpt), "--name", name, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     def registration(self, timeout: float = 30) -> registry.Registration:
         path = registry.registration_path(self.reg_dir, self.name)

@@ -32,8 +32,15 @@ def test_lightning_callback_saves_periodically_and_resumes(tmp_path: Path) -> No
     def fit(steps: int) -> tuple[Tiny, HoldoverLightningCallback]:
         model = Tiny()
         cb = HoldoverLightningCallback(tmp_path / "ck", "pl", interval=4, registry_dir=tmp_path / "reg", signal=None)
-        trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+        trainer = pl.Trainer(
+            max_steps=steps,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[cb],
+        )
         trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
         return model, cb
 
@@ -71,9 +78,16 @@ def test_hf_trainer_callback_stops_after_a_save_and_exit_request(tmp_path: Path)
             return super().on_step_end(args, state, control, **kw)
 
     cb = Asker(tmp_path / "ck", "hf", registry_dir=tmp_path / "reg", signal=None)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=50, per_device_train_batch_size=8,
-                                          report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
-                                          disable_tqdm=True)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=50,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[cb])
     trainer.train()
     assert trainer.state.global_step == 3  # stopped right after the save

@@ -77,8 +77,15 @@ def test_corrupted_shard_is_skipped_with_a_message_naming_the_file(tmp_path: Pat
     with pytest.raises(ckpt.CheckpointError, match=f"{victim.name}: hash mismatch"):
         ckpt.verify(bad)
     messages: list[str] = []
-    g = Guard(tmp_path, "t", model=_model()[0], optimizer=_model()[1], signal=None, registry_dir=tmp_path / "reg",
-              log=messages.append)
+    g = Guard(
+        tmp_path,
+        "t",
+        model=_model()[0],
+        optimizer=_model()[1],
+        signal=None,
+        registry_dir=tmp_path / "reg",
+        log=messages.append,
+    )
     assert g.resume() == 10
     assert any(f"resumed t from {good}" in m for m in messages), messages
     assert any("skipping damaged checkpoint step_000000020" in m and victim.name in m for m in messages), messages
@@ -255,8 +262,17 @@ def test_warmup_scales_lr_only_inside_the_optimizer_step(tmp_path: Path) -> None
     state.save(tmp_path, 5, model, opt, sched)
     model2, opt2 = _model()
     sched2 = torch.optim.lr_scheduler.ExponentialLR(opt2, gamma=0.9)
-    g = Guard(tmp_path, "w", model=model2, optimizer=opt2, scheduler=sched2, signal=None,
-              registry_dir=tmp_path / "reg", warmup_steps=4, log=lambda m: None).start()
+    g = Guard(
+        tmp_path,
+        "w",
+        model=model2,
+        optimizer=opt2,
+        scheduler=sched2,
+        signal=None,
+        registry_dir=tmp_path / "reg",
+        warmup_steps=4,
+        log=lambda m: None,
+    ).start()
     try:
         assert g.resume() == 5
         base = opt2.param_groups[0]["lr"]
@@ -304,8 +320,15 @@ dist.destroy_process_group()
 
 def test_under_torch_distributed_every_rank_saves_the_same_step(tmp_path: Path) -> None:
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, "-c", DIST, str(r), str(tmp_path), init], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DIST, str(r), str(tmp_path), init],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert [o.strip().splitlines()[-1] for o, _ in outs] == ["[3]", "[3]"]

@@ -32,7 +32,6 @@ def _runs(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-
 class ReadJournal:
     """A read-only look at the bridge's journal, closed after each query."""
 

@@ -10,7 +10,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from conftest import run_micropython
+from conftest import run_micropython, wait_for
 from holdover.firmware import protocol
 from holdover.lab.rig import Rig
 
@@ -24,12 +24,20 @@ class Listener:
         self.c = paho.Client(CallbackAPIVersion.VERSION2, **kw)
         self.topics = topics
         self.subscribed = threading.Event()
-        self.c.on_connect = lambda c, *_: c.subscribe([(t, 1) for t in topics])
+        self.session_present: bool | None = None
+        self.c.on_connect = self._on_connect
         self.c.on_subscribe = lambda *_: self.subscribed.set()
         self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
         self.c.reconnect_delay_set(0.2, 1)
         self.c.connect(rig.broker.host, rig.broker.port)
         self.c.loop_start()
+
+    def _on_connect(self, c: paho.Client, _u: object, flags: paho.ConnectFlags, *_: object) -> None:
+        self.session_present = flags.session_present
+        # A persistent listener never subscribes again: what it hears after a reconnect is what the
+        # broker kept for its session, so a broker that loses sessions makes the test fail.
+        if not flags.session_present:
+            c.subscribe([(t, 1) for t in self.topics])
 
     def next(self, timeout: float, match=lambda t, p, r: True) -> tuple[str, bytes, bool]:
         deadline = time.monotonic() + timeout
@@ -92,22 +100,48 @@ def test_retained_state_is_there_for_a_late_subscriber(rig_factory) -> None:
 def test_qos1_event_raised_while_mosquitto_restarts_still_arrives(rig_factory) -> None:
     rig = rig_factory(bridge=False, emulator=False)
     events = protocol.topic(rig.sid, protocol.EVENT)
-    # A persistent session, so the broker keeps what arrives for it while it reconnects too.
+    # A persistent session, so the broker keeps what arrives for it while it is away.
     lis = Listener(rig, [events], client_id="test-listener", persistent=True)
     assert lis.subscribed.wait(10)
     rig.start_emulator()  # only now: the boot event must not go out before anyone listens
     try:
         lis.next(15, lambda t, p, r: _event_kind(rig, p) == "boot")
+        lis.close()  # away: from here on only the broker's stored session can hear for it
         rig.broker.stop()
         rig.control.send(mains=False)
         time.sleep(rig.debounce_ms / 1000 + 1.0)  # raised, queued, unsent: there is no broker
         state = rig.control.send(get="state")["state"]
         assert state["mains"] is False and state["queued"] >= 1
         rig.broker.start()
+        wait_for(lambda: rig.control.send(get="state")["state"]["queued"] == 0, 30, "the sentinel's queue to drain")
+        # Back after the restart, without subscribing again: the session survived the restart.
+        lis = Listener(rig, [events], client_id="test-listener", persistent=True)
         _t, payload, _r = lis.next(30, lambda t, p, r: _event_kind(rig, p) == "mains_lost")
+        assert lis.session_present is True
         body = protocol.open_envelope(payload, protocol.Signer(rig.key), rig.sid)
         # The event keeps the time it was raised, not the time it was finally delivered.
         assert body["ms"] < rig.control.send(get="state")["state"]["uptime_ms"] - 500
+    finally:
+        lis.close()
+
+
+def test_the_test_broker_keeps_a_session_across_its_restart(rig_factory) -> None:
+    """A QoS 1 message published while the subscriber is away is delivered after the broker restarts."""
+    rig = rig_factory(bridge=False, emulator=False)
+    lis = Listener(rig, ["probe/#"], client_id="away", persistent=True)
+    assert lis.subscribed.wait(10)
+    lis.close()
+    pub = paho.Client(CallbackAPIVersion.VERSION2)
+    pub.connect(rig.broker.host, rig.broker.port)
+    pub.loop_start()
+    pub.publish("probe/x", b"kept", qos=1).wait_for_publish(10)
+    pub.loop_stop()
+    pub.disconnect()
+    rig.broker.restart()
+    lis = Listener(rig, ["probe/#"], client_id="away", persistent=True)
+    try:
+        assert lis.next(10)[1] == b"kept", rig.broker.log.read_text()
+        assert lis.session_present is True
     finally:
         lis.close()
 

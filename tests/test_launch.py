@@ -28,7 +28,6 @@ def private_tmux(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     subprocess.run(["tmux", "kill-server"], capture_output=True)
 
 
-
 def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, private_tmux) -> None:
     reg = tmp_path / "reg"
     ck = tmp_path / "ckpt"

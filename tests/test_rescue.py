@@ -38,7 +38,6 @@ HANG = (
 )
 
 
-
 _seq = iter(range(1, 1_000_000))
 
 
@@ -50,8 +49,14 @@ def _event(j: Journal, kind: str, **data: object) -> Event:
 
 
 def _settings(tmp: Path, **kw: object) -> ProtectSettings:
-    base = {"registry": tmp / "reg", "rescue_dir": tmp / "rescue", "grace": 0, "margin": 5,
-            "runtime_default": 120, "hang_after": 3}
+    base = {
+        "registry": tmp / "reg",
+        "rescue_dir": tmp / "rescue",
+        "grace": 0,
+        "margin": 5,
+        "runtime_default": 120,
+        "hang_after": 3,
+    }
     return ProtectSettings.model_validate({**base, **kw})
 
 
@@ -102,8 +107,11 @@ def test_a_wedged_run_is_dumped_with_gcore_and_shm_is_copied(tmp_path: Path) -> 
     marker = "holdover-marker-" + os.urandom(8).hex()
     shm = Path(f"/dev/shm/holdover-test-{os.getpid()}.bin")
     shm.write_bytes(os.urandom(100_000))
-    proc = subprocess.Popen([sys.executable, "-c", HANG, str(tmp_path / "ckpt"), str(tmp_path / "reg"), marker],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANG, str(tmp_path / "ckpt"), str(tmp_path / "reg"), marker],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         s = _settings(tmp_path, shm=[str(shm)], hang_after=2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -55,6 +56,13 @@ def emu(
     """Run the unchanged firmware in the MicroPython unix port on the emulated board."""
     from holdover.board.emulator import Emulator, EmulatorError, parse_hostport
 
+    def interrupted(signum: int, _frame: object) -> None:
+        # SIGTERM (systemd, kill) ends the run as Ctrl-C does: the finally below stops the
+        # interpreter's whole process group and removes the temporary state directory.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
     try:
         emulator = Emulator(config, parse_hostport(control), heap=heap, state_dir=state)
         rc = emulator.run()

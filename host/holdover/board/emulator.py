@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import holdover.firmware
+from holdover import proc
 
 EXIT_CONFIG = 2  # these three mirror firmware/board_emu.py
 EXIT_RESET = 42
@@ -93,7 +94,7 @@ class Emulator:
         cause = "power_on"
         while True:
             self.boots += 1
-            self.proc = subprocess.Popen(
+            self.proc = proc.spawn(
                 self._argv(cause), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
             )
             assert self.proc.stdout is not None
@@ -112,12 +113,8 @@ class Emulator:
 
     def stop(self) -> None:
         self._stopping = True
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            proc.stop(self.proc, grace=5)
         if self._own_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 

@@ -9,17 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 
+from holdover import proc
 from holdover.journal import Event, Journal
 from holdover.settings import HookSettings
 
 log = logging.getLogger("holdover.bridge.hooks")
-OUTPUT_KEEP = 4096  # bytes of a hook's output kept in the journal
-KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 
 
 class HookRunner:
@@ -44,58 +41,20 @@ class HookRunner:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def _run(self, hook: HookSettings, event: Event) -> None:
-        env = dict(os.environ)
-        env.update(
-            HOLDOVER_EVENT=event.kind,
-            HOLDOVER_SENTINEL=event.sid,
-            HOLDOVER_PAYLOAD=json.dumps(event.body),
-            HOLDOVER_SEQ=str(event.seq),
-            HOLDOVER_BOOT=event.boot,
-        )
+        env = {
+            "HOLDOVER_EVENT": event.kind,
+            "HOLDOVER_SENTINEL": event.sid,
+            "HOLDOVER_PAYLOAD": json.dumps(event.body),
+            "HOLDOVER_SEQ": str(event.seq),
+            "HOLDOVER_BOOT": event.boot,
+        }
         started = time.time()
-        rc: int | None = None
-        tail = b""
-        try:
-            proc = await asyncio.create_subprocess_shell(
-                hook.run,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as e:
-            self._record(event, hook, started, "failed", None, f"cannot start: {e}")
-            return
-        log.info("hook started for %s/%s seq %d: %s", event.sid, event.kind, event.seq, hook.run)
-
-        async def collect() -> None:
-            nonlocal tail
-            assert proc.stdout is not None
-            while chunk := await proc.stdout.read(65536):
-                tail = (tail + chunk)[-OUTPUT_KEEP:]
-
-        try:
-            await asyncio.wait_for(asyncio.gather(collect(), proc.wait()), hook.timeout)
-            rc = proc.returncode
-            outcome = "ok" if rc == 0 else "failed"
-        except TimeoutError:
-            outcome = "timeout"
-            await self._kill(proc)
-            rc = proc.returncode
-        self._record(event, hook, started, outcome, rc, tail.decode(errors="replace"))
-
-    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                await asyncio.wait_for(proc.wait(), KILL_GRACE)
-                return
-            except TimeoutError:
-                continue
+        log.info("hook starting for %s/%s seq %d: %s", event.sid, event.kind, event.seq, hook.run)
+        r = await proc.run(hook.run, timeout=hook.timeout, env=env)
+        if r.outcome == "not_started":
+            self._record(event, hook, started, "failed", None, f"cannot start: {r.output}")
+        else:
+            self._record(event, hook, started, r.outcome, r.rc, r.output)
 
     def _record(self, event: Event, hook: HookSettings, started: float, outcome: str, rc: int | None, out: str) -> None:
         ended = time.time()

@@ -6,12 +6,15 @@ a directory of its own, so it can be stopped and started again on the same port.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from holdover import proc
 
 INSTALL_HINT = "Mosquitto is not installed: run `apt-get install mosquitto` (as root)."
 
@@ -60,14 +63,18 @@ class Broker:
             "persistence true\n"
             f"persistence_location {self.dir}/\n"
             "log_dest stderr\n"
-            "log_type error\nlog_type warning\nlog_type notice\n" + extra_conf
+            "log_type error\nlog_type warning\nlog_type notice\n"
+            # As root, mosquitto drops to the `mosquitto` user, which cannot write this (0700, root's)
+            # directory: its persistence would silently fail. A test broker keeps the user it runs as.
+            + ("user root\n" if os.geteuid() == 0 else "")
+            + extra_conf
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Broker:
         binary = mosquitto_binary()
         with self.log.open("ab") as logf:
-            self.proc = subprocess.Popen([binary, "-c", str(self.conf)], stdout=logf, stderr=logf)
+            self.proc = proc.spawn([binary, "-c", str(self.conf)], stdout=logf, stderr=logf)
         try:
             wait_port(self.host, self.port, 10)
         except BrokerError:
@@ -76,13 +83,8 @@ class Broker:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: mosquitto saves its persistence file on the way out
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            proc.stop(self.proc, grace=10)  # SIGTERM first: mosquitto saves its persistence file on the way out
         self.proc = None
 
     def restart(self, down_for: float = 0.0) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import xxhash
 
+from holdover import proc
 from holdover.train.ckpt import fsync_dir
 
 CHUNK = 8 << 20
@@ -69,22 +70,32 @@ async def gcore(pid: int, out_dir: Path, label: str, timeout: float) -> DumpResu
     if gpu:
         cc = shutil.which("cuda-checkpoint")
         if cc:
-            r = await _run([cc, "--toggle", "--pid", str(pid)], timeout=min(timeout / 2, 120))
-            notes.append(f"cuda-checkpoint --toggle: {r['outcome']}")
-            if r["outcome"] == "ok":
+            r = await proc.run([cc, "--toggle", "--pid", str(pid)], timeout=max(min(timeout / 2, 120), 1))
+            notes.append(f"cuda-checkpoint --toggle: {r.describe()}")
+            if r.ok:
                 notes.append("device memory was moved into host memory before the dump")
         else:
             notes.append("the process maps GPU memory; its device state is NOT in this core (no cuda-checkpoint)")
     t0 = time.monotonic()
-    r = await _run([exe, "-o", str(prefix), str(pid)], timeout=timeout)
+    r = await proc.run([exe, "-o", str(prefix), str(pid)], timeout=max(timeout, 1))
     seconds = time.monotonic() - t0
     core = Path(f"{prefix}.{pid}")
-    if r["outcome"] != "ok" or not core.exists():
-        return DumpResult(False, {"error": f"gcore {r['outcome']}: {r['output'][-400:]}", "seconds": seconds,
-                                  "notes": notes})
+    if not r.ok or not core.exists():
+        return DumpResult(
+            False, {"error": f"gcore {r.describe()}: {r.output[-400:]}", "seconds": seconds, "notes": notes}
+        )
     size, digest = await asyncio.to_thread(hash_file, core)
-    return DumpResult(True, {"core": str(core), "bytes": size, "xxh3_128": digest, "seconds": round(seconds, 3),
-                             "gpu": gpu, "notes": notes})
+    return DumpResult(
+        True,
+        {
+            "core": str(core),
+            "bytes": size,
+            "xxh3_128": digest,
+            "seconds": round(seconds, 3),
+            "gpu": gpu,
+            "notes": notes,
+        },
+    )
 
 
 async def copy_shm(patterns: list[str], out_dir: Path) -> DumpResult:
@@ -122,19 +133,3 @@ def _copy_one(src: Path, dst: Path) -> dict[str, Any]:
     os.replace(tmp, dst)
     fsync_dir(dst.parent)
     return {"src": str(src), "dst": str(dst), "bytes": size, "xxh3_128": h.hexdigest()}
-
-
-async def _run(argv: list[str], timeout: float) -> dict[str, Any]:
-    try:
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-    except OSError as e:
-        return {"outcome": f"failed to start: {e}", "output": ""}
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=max(timeout, 1))
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return {"outcome": f"timed out after {timeout:.0f}s", "output": ""}
-    text = out.decode(errors="replace")
-    return {"outcome": "ok" if proc.returncode == 0 else f"exit {proc.returncode}", "output": text}

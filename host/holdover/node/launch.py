@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from holdover import proc
+from holdover.node import tmux
 from holdover.train import ckpt, registry
 
 SESSION_PREFIX = "holdover-"
@@ -34,20 +34,15 @@ def state_home() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "holdover"
 
 
-def _tmux(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    if not shutil.which("tmux"):
-        raise LaunchError("tmux is not installed (apt-get install tmux)")
-    r = subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10)
-    if check and r.returncode != 0:
-        raise LaunchError(f"tmux {args[0]}: {r.stderr.strip() or r.returncode}")
-    return r
+def _tmux(*args: str, check: bool = True) -> proc.Result:
+    try:
+        return tmux.tmux(*args, check=check)
+    except tmux.TmuxError as e:
+        raise LaunchError(str(e)) from None
 
 
 def sessions() -> set[str]:
-    if not shutil.which("tmux"):
-        return set()
-    r = _tmux("list-sessions", "-F", "#{session_name}", check=False)
-    return set(r.stdout.split()) if r.returncode == 0 else set()
+    return tmux.sessions()
 
 
 @dataclass
@@ -59,15 +54,21 @@ class Launched:
     record: Path
 
 
-def launch(name: str, argv: list[str], ckpt_dir: Path | None = None, log_dir: Path | None = None,
-           registry_dir: Path | None = None, cwd: Path | None = None) -> Launched:
+def launch(
+    name: str,
+    argv: list[str],
+    ckpt_dir: Path | None = None,
+    log_dir: Path | None = None,
+    registry_dir: Path | None = None,
+    cwd: Path | None = None,
+) -> Launched:
     if not name or any(c in name for c in "/.:") or name != name.strip():
         raise LaunchError(f"run name {name!r}: use letters, digits, - and _")
     if not argv:
         raise LaunchError("no command given (holdover launch --name NAME -- CMD ...)")
     session = SESSION_PREFIX + name
     if session in sessions():
-        dead = _tmux("display-message", "-p", "-t", session, "#{pane_dead}", check=False).stdout.strip()
+        dead = _tmux("display-message", "-p", "-t", session, "#{pane_dead}", check=False).output.strip()
         if dead != "1":
             raise LaunchError(f"a run named {name!r} is still running in tmux session {session}")
         _tmux("kill-session", "-t", session)  # the previous run's pane, kept after it ended
@@ -85,17 +86,41 @@ def launch(name: str, argv: list[str], ckpt_dir: Path | None = None, log_dir: Pa
         args += ["-e", f"{k}={v}"]
     _tmux(*args, "bash", "-c", inner)
     _tmux("set-option", "-t", session, "remain-on-exit", "on")  # the exit status and last lines stay readable
-    pid = int(_tmux("display-message", "-p", "-t", session, "#{pane_pid}").stdout.strip())
+    pid = int(_tmux("display-message", "-p", "-t", session, "#{pane_pid}").output.strip())
     record = home / "runs" / f"{name}.json"
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"name": name, "argv": argv, "cwd": str(cwd), "log": str(log), "session": session,
-                                  "ckpt_dir": str(ckpt_dir) if ckpt_dir else None, "registry": str(reg_dir),
-                                  "launched": time.time(), "pid": pid}, indent=1))
+    record.write_text(
+        json.dumps(
+            {
+                "name": name,
+                "argv": argv,
+                "cwd": str(cwd),
+                "log": str(log),
+                "session": session,
+                "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,
+                "registry": str(reg_dir),
+                "launched": time.time(),
+                "pid": pid,
+            },
+            indent=1,
+        )
+    )
     reg_path = registry.registration_path(reg_dir, name)
     # A placeholder registration: a script using holdover.train replaces it with its socket.
-    registry.write_registration(reg_dir, registry.Registration(
-        name=name, pid=pid, socket="", ckpt_dir=str(ckpt_dir or ""), signal=int(signal.SIGUSR2), argv=argv,
-        cwd=str(cwd), started=time.time(), tmux=session))
+    registry.write_registration(
+        reg_dir,
+        registry.Registration(
+            name=name,
+            pid=pid,
+            socket="",
+            ckpt_dir=str(ckpt_dir or ""),
+            signal=int(signal.SIGUSR2),
+            argv=argv,
+            cwd=str(cwd),
+            started=time.time(),
+            tmux=session,
+        ),
+    )
     return Launched(name, session, pid, log, reg_path)
 
 
@@ -109,9 +134,15 @@ def recover(registry_dir: Path | None = None) -> list[dict[str, Any]]:
     for p in sorted(records.glob("*.json")) if records.is_dir() else []:
         try:
             rec = json.loads(p.read_text())
-            runs[rec["name"]] = {"name": rec["name"], "argv": rec["argv"], "cwd": rec["cwd"],
-                                 "ckpt_dir": rec.get("ckpt_dir"), "session": rec.get("session"), "pid": rec.get("pid"),
-                                 "log": rec.get("log")}
+            runs[rec["name"]] = {
+                "name": rec["name"],
+                "argv": rec["argv"],
+                "cwd": rec["cwd"],
+                "ckpt_dir": rec.get("ckpt_dir"),
+                "session": rec.get("session"),
+                "pid": rec.get("pid"),
+                "log": rec.get("log"),
+            }
         except (OSError, ValueError, KeyError):
             continue
     for r in regs:
@@ -127,8 +158,12 @@ def recover(registry_dir: Path | None = None) -> list[dict[str, Any]]:
         if run.get("ckpt_dir"):
             found = ckpt.newest_verified(run["ckpt_dir"], log=lambda m: None)
             if found:
-                newest = {"dir": str(found[0]), "step": found[1].step, "bytes": found[1].nbytes,
-                          "age_s": round(time.time() - found[1].created, 1)}
+                newest = {
+                    "dir": str(found[0]),
+                    "step": found[1].step,
+                    "bytes": found[1].nbytes,
+                    "age_s": round(time.time() - found[1].created, 1),
+                }
         run["checkpoint"] = newest
         if not alive:
             ck = f" --ckpt {shlex.quote(run['ckpt_dir'])}" if run.get("ckpt_dir") else ""

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from holdover import proc
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node import dump
@@ -48,8 +49,9 @@ def runtime_of(event: Event, default: float) -> float:
 
 
 class Rescuer:
-    def __init__(self, settings: ProtectSettings, journal: Journal,
-                 on_alert: Callable[[str, str, str], None] | None = None) -> None:
+    def __init__(
+        self, settings: ProtectSettings, journal: Journal, on_alert: Callable[[str, str, str], None] | None = None
+    ) -> None:
         self.s = settings
         self.journal = journal
         self.on_alert = on_alert
@@ -98,8 +100,12 @@ class Rescuer:
         rid = self.journal.rescue_open(event.id, event.sid, event.kind, deadline, critical)
         if rid is None:
             return  # this event already started a rescue (e.g. before a bridge restart)
-        log.warning("%s from %s: emergency checkpoint of every run, deadline in %.0fs", event.kind, event.sid,
-                    deadline - time.time())
+        log.warning(
+            "%s from %s: emergency checkpoint of every run, deadline in %.0fs",
+            event.kind,
+            event.sid,
+            deadline - time.time(),
+        )
         self._start(rid, deadline, critical)
 
     def _start(self, rid: int, deadline: float, critical: bool) -> None:
@@ -173,19 +179,34 @@ class Rescuer:
                 manifest = await asyncio.to_thread(ckpt.verify, directory)
                 vs = time.monotonic() - t0
                 mb_s = manifest.nbytes / max(info.get("seconds") or 1e-9, 1e-9) / 1e6
-                self.journal.step(rid, t.key, t.pid, "verified", dir=str(directory), step=manifest.step,
-                                  bytes=manifest.nbytes, seconds=info.get("seconds"), mb_s=round(mb_s, 1),
-                                  verify_seconds=round(vs, 3))
-                log.info("%s: checkpoint %s verified (%.1f MB in %.2fs)", t.key, directory, manifest.nbytes / 1e6,
-                         info.get("seconds") or 0)
+                self.journal.step(
+                    rid,
+                    t.key,
+                    t.pid,
+                    "verified",
+                    dir=str(directory),
+                    step=manifest.step,
+                    bytes=manifest.nbytes,
+                    seconds=info.get("seconds"),
+                    mb_s=round(mb_s, 1),
+                    verify_seconds=round(vs, 3),
+                )
+                log.info(
+                    "%s: checkpoint %s verified (%.1f MB in %.2fs)",
+                    t.key,
+                    directory,
+                    manifest.nbytes / 1e6,
+                    info.get("seconds") or 0,
+                )
                 return "verified"
             except ckpt.CheckpointError as e:
                 self.journal.step(rid, t.key, t.pid, "verify_failed", error=str(e))
                 self._alert("critical", "checkpoint_bad", f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
 
-    async def _ask(self, rid: int, t: Target, past: list[dict[str, Any]], reserve: float) \
-            -> tuple[Path, dict[str, Any]] | None:
+    async def _ask(
+        self, rid: int, t: Target, past: list[dict[str, Any]], reserve: float
+    ) -> tuple[Path, dict[str, Any]] | None:
         """Get a save out of the target; its directory and the training side's report, or None."""
         give_up = lambda: self._deadline[rid] - reserve  # noqa: E731 - the deadline can move while we wait
         request_id = next((s["detail"]["id"] for s in past if s["action"] == "requested"), None)
@@ -214,12 +235,14 @@ class Rescuer:
             return None
         return await self._poll_registration(rid, t, since, give_up)
 
-    async def _follow(self, rid: int, t: Target, request_id: str, give_up: Callable[[], float]) \
-            -> tuple[Path, dict[str, Any]] | None:
+    async def _follow(
+        self, rid: int, t: Target, request_id: str, give_up: Callable[[], float]
+    ) -> tuple[Path, dict[str, Any]] | None:
         assert t.socket
         async with await registry.SaveChannel.open(t.socket) as chan:
-            await chan.send("save", id=request_id, reason="power", deadline=self._deadline[rid],
-                            after=self.s.after_save)
+            await chan.send(
+                "save", id=request_id, reason="power", deadline=self._deadline[rid], after=self.s.after_save
+            )
             last_progress = time.monotonic()
             state = "sent"  # every state the run reports is journaled, the first one too
             while True:
@@ -231,8 +254,11 @@ class Rescuer:
                     return None
                 if quiet <= 0:
                     self.journal.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
-                    self._alert("critical", "checkpoint_hung", f"{t.name}: save {state}, no progress for "
-                                f"{self.s.hang_after:.0f}s")
+                    self._alert(
+                        "critical",
+                        "checkpoint_hung",
+                        f"{t.name}: save {state}, no progress for {self.s.hang_after:.0f}s",
+                    )
                     return None
                 msg = await chan.next(timeout=min(remaining, quiet))
                 if msg is None:
@@ -250,8 +276,9 @@ class Rescuer:
                 if state == "unknown":
                     raise ConnectionError("the training process does not know the request")
 
-    async def _poll_registration(self, rid: int, t: Target, since: float, give_up: Callable[[], float]) \
-            -> tuple[Path, dict[str, Any]] | None:
+    async def _poll_registration(
+        self, rid: int, t: Target, since: float, give_up: Callable[[], float]
+    ) -> tuple[Path, dict[str, Any]] | None:
         # After a signal the only report is the registration file's last_save (newer than `since`).
         path = registry.registration_path(registry_dir(self.s), t.reg.name, t.reg.rank) if t.reg else None
         while time.time() < give_up():
@@ -294,12 +321,8 @@ class Rescuer:
 
     async def _final(self, rid: int) -> None:
         self.journal.step(rid, "*", None, "final_command", command=self.s.final_command)
-        proc = await asyncio.create_subprocess_shell(self.s.final_command, stdout=asyncio.subprocess.PIPE,
-                                                     stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), self.s.final_timeout)
-            self.journal.step(rid, "*", None, "final_done", returncode=proc.returncode,
-                              output=out.decode(errors="replace")[-2000:])
-        except TimeoutError:
-            proc.kill()
+        r = await proc.run(self.s.final_command, timeout=self.s.final_timeout, keep=2000)
+        if r.outcome == "timeout":
             self.journal.step(rid, "*", None, "final_timeout", timeout=self.s.final_timeout)
+        else:
+            self.journal.step(rid, "*", None, "final_done", returncode=r.rc, output=r.output)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import shutil
 import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from holdover.node import tmux
 from holdover.settings import ProtectSettings
 from holdover.train import registry
 
@@ -53,32 +52,17 @@ def discover(settings: ProtectSettings) -> tuple[list[Target], list[str]]:
         for proc in psutil.process_iter(["pid", "cmdline", "name"]):
             cmd = " ".join(proc.info.get("cmdline") or [])
             if proc.info["pid"] not in found and cmd and any(p.search(cmd) for p in pats):
-                found[proc.info["pid"]] = Target(f"{proc.info['name']}-{proc.info['pid']}", proc.info["pid"], "cmdline",
-                                                 signal=sig)
+                found[proc.info["pid"]] = Target(
+                    f"{proc.info['name']}-{proc.info['pid']}", proc.info["pid"], "cmdline", signal=sig
+                )
     if settings.match_tmux:
-        for session, pid in tmux_panes():
+        for session, pid in tmux.panes():
             if not any(fnmatch.fnmatch(session, g) for g in settings.match_tmux):
                 continue
             for p in _workers(pid):
                 if p not in found:
                     found[p] = Target(f"tmux:{session}", p, "tmux", signal=sig)
     return sorted(found.values(), key=lambda t: t.name), problems
-
-
-def tmux_panes() -> list[tuple[str, int]]:
-    if not shutil.which("tmux"):
-        return []
-    try:
-        out = subprocess.run(["tmux", "list-panes", "-a", "-F", "#{session_name} #{pane_pid}"], capture_output=True,
-                             text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    panes = []
-    for line in out.stdout.splitlines():
-        name, _, pid = line.rpartition(" ")
-        if pid.isdigit():
-            panes.append((name, int(pid)))
-    return panes
 
 
 def _workers(pane_pid: int) -> list[int]:

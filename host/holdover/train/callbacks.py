@@ -72,10 +72,19 @@ if _hf is not None:
             self.last_loss: float | None = None
             self.resumed_step = 0
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                           lr_scheduler: Any = None, **kw: Any) -> None:
-            self.guard = protect(self.ckpt_dir, self.name, model=model, optimizer=optimizer, scheduler=lr_scheduler,
-                                 **self.kw)
+        def on_train_begin(
+            self,
+            args: Any,
+            state: Any,
+            control: Any,
+            model: Any = None,
+            optimizer: Any = None,
+            lr_scheduler: Any = None,
+            **kw: Any,
+        ) -> None:
+            self.guard = protect(
+                self.ckpt_dir, self.name, model=model, optimizer=optimizer, scheduler=lr_scheduler, **self.kw
+            )
             self.resumed_step = self.guard.resume()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:

@@ -178,8 +178,13 @@ class Guard:
         rid = rid or uuid.uuid4().hex[:12]
         with self._cv:
             if rid not in self._requests:
-                self._requests[rid] = {"id": rid, "state": "queued", "reason": reason, "after": after,
-                                       "requested": time.time()}
+                self._requests[rid] = {
+                    "id": rid,
+                    "state": "queued",
+                    "reason": reason,
+                    "after": after,
+                    "requested": time.time(),
+                }
                 self._queue.append(rid)
                 self._cv.notify_all()
         return rid
@@ -249,8 +254,9 @@ class Guard:
 
     # --- the loop side ------------------------------------------------------------------------------
 
-    def step_end(self, step: int, loss: float | None = None, extra: dict[str, Any] | None = None,
-                 grad_norm: float | None = None) -> bool:
+    def step_end(
+        self, step: int, loss: float | None = None, extra: dict[str, Any] | None = None, grad_norm: float | None = None
+    ) -> bool:
         """Call once per step, after the optimizer step. Saves if asked to (or if a periodic save is due).
 
         Returns True when the run should stop (a request asked to save and exit).
@@ -300,29 +306,58 @@ class Guard:
             self.log(f"holdover: checkpoint at step {step} failed: {e}")
             return
         seconds = time.monotonic() - t0
-        self._update(rids, state="done", dir=str(directory), seconds=round(seconds, 4), bytes_total=manifest.nbytes,
-                     bytes_done=manifest.nbytes)
+        self._update(
+            rids,
+            state="done",
+            dir=str(directory),
+            seconds=round(seconds, 4),
+            bytes_total=manifest.nbytes,
+            bytes_done=manifest.nbytes,
+        )
         if self.interval:
             self.interval.saved(step, self.last_loss, seconds)
         if any(self._requests[r].get("after") == "exit" for r in rids):
             self._stop = True
 
-    def save(self, step: int, extra: dict[str, Any] | None = None, reason: str = "manual",
-             progress: ckpt.Progress | None = None) -> tuple[Path, ckpt.Manifest]:
+    def save(
+        self,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        reason: str = "manual",
+        progress: ckpt.Progress | None = None,
+    ) -> tuple[Path, ckpt.Manifest]:
         """Write a checkpoint now (the loop must be between steps)."""
         from holdover.train import state  # torch only when a save actually happens
 
-        meta = {"name": self.name, "reason": reason, "loss": self.last_loss, "pid": os.getpid(),
-                "host": os.uname().nodename, "rank": self.rank, "world": self.world,
-                "grad_norm": self.grad_norms.summary()}
+        meta = {
+            "name": self.name,
+            "reason": reason,
+            "loss": self.last_loss,
+            "pid": os.getpid(),
+            "host": os.uname().nodename,
+            "rank": self.rank,
+            "world": self.world,
+            "grad_norm": self.grad_norms.summary(),
+        }
         t0 = time.monotonic()
-        directory, manifest = state.save(self.root, step, self.model, self.optimizer, self.scheduler, extra, meta,
-                                         threads=self.threads, shard_bytes=self.shard_bytes, progress=progress)
+        directory, manifest = state.save(
+            self.root,
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            extra,
+            meta,
+            threads=self.threads,
+            shard_bytes=self.shard_bytes,
+            progress=progress,
+        )
         seconds = time.monotonic() - t0
         with contextlib.suppress(OSError):
             ckpt.prune(self.root, self.keep, protect=[directory])
-        self.reg.last_save = registry.LastSave(step, str(directory), manifest.nbytes, round(seconds, 4), time.time(),
-                                               reason)
+        self.reg.last_save = registry.LastSave(
+            step, str(directory), manifest.nbytes, round(seconds, 4), time.time(), reason
+        )
         self._publish()
         return directory, manifest
 
@@ -406,4 +441,3 @@ def _agree(value: int, world: int) -> int:
     t = torch.tensor([value], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
-

@@ -106,8 +106,13 @@ class GradNormHistogram:
         for v in s:
             counts[min(self.BINS - 1, max(0, int((v - self.LO) / width)))] += 1
         q = lambda f: s[min(len(s) - 1, int(f * len(s)))]  # noqa: E731
-        return {"log10": {"lo": self.LO, "hi": self.HI, "counts": counts}, "p05": q(0.05), "p50": q(0.5),
-                "p95": q(0.95), "n": len(s)}
+        return {
+            "log10": {"lo": self.LO, "hi": self.HI, "counts": counts},
+            "p05": q(0.05),
+            "p50": q(0.5),
+            "p95": q(0.95),
+            "n": len(s),
+        }
 
 
 def drift(stored: dict[str, Any], after: list[float], tolerance: float = 0.5) -> str | None:

@@ -38,8 +38,9 @@ def batch(step: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m holdover.train.toy", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m holdover.train.toy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--name", default=os.environ.get("HOLDOVER_RUN_NAME", "toy"))
     ap.add_argument("--steps", type=int, default=200)
@@ -57,10 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     model = build(args.width, args.depth)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=50, gamma=0.5)
-    interval = AdaptiveInterval(initial=args.every, min_steps=max(1, args.every // 4), max_steps=args.every * 8) \
-        if args.every else None
-    guard = protect(args.ckpt, args.name, model=model, optimizer=opt, scheduler=sched, interval=interval,
-                    shard_bytes=args.shard_bytes, warmup_steps=args.warmup, registry_dir=args.registry)
+    interval = (
+        AdaptiveInterval(initial=args.every, min_steps=max(1, args.every // 4), max_steps=args.every * 8)
+        if args.every
+        else None
+    )
+    guard = protect(
+        args.ckpt,
+        args.name,
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        interval=interval,
+        shard_bytes=args.shard_bytes,
+        warmup_steps=args.warmup,
+        registry_dir=args.registry,
+    )
     marker = bytearray(args.marker.encode())  # kept referenced: the core must contain it
     if args.hang:
         print(json.dumps({"hang": True, "pid": guard.reg.pid}), flush=True)

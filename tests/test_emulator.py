@@ -1,0 +1,112 @@
+"""The emulator's control port and its supervisor: bounded lines, clean sockets, a clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from conftest import wait_for
+from holdover.lab.broker import free_port
+
+
+def _reply(sock: socket.socket) -> dict:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = sock.recv(4096)
+        assert chunk, "the control port closed the connection"
+        buf += chunk
+    return json.loads(buf.partition(b"\n")[0])
+
+
+def test_a_megabyte_line_is_refused_without_killing_the_port(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    with socket.create_connection(rig.control_addr, timeout=10) as s:
+        s.sendall(b"x" * (1 << 20) + b"\n")
+        assert _reply(s) == {"ok": False, "error": "line too long"}
+        # The same connection still works after the long line, and so does the firmware.
+        s.sendall(b'{"get": "world"}\n')
+        assert _reply(s)["ok"] is True
+    # The heap is 110K: had the line been held whole, MemoryError would have ended this client
+    # without an answer. The firmware's heap still has its working room.
+    assert rig.control.send(get="mem")["mem"]["free"] > 40 * 1024
+    assert rig.control.send(mains=False)["ok"]
+
+
+def test_invalid_utf8_gets_an_error_reply(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    reply = rig.control.raw(b'{"mains": "\xff\xfe"}')
+    assert reply == {"ok": False, "error": "not UTF-8"}
+    assert rig.control.send(get="world")["world"]["mains"] is True
+
+
+def test_closed_control_connections_leave_no_socket_behind(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    for _ in range(20):
+        with socket.create_connection(rig.control_addr, timeout=10) as s:
+            s.sendall(b'{"get": "world"}\n')
+            assert _reply(s)["ok"] is True
+    assert rig.emulator is not None and rig.emulator.proc is not None
+    mpy = psutil.Process(rig.emulator.proc.pid)
+
+    def settled() -> bool:
+        states = [c.status for c in mpy.net_connections(kind="tcp")]
+        return states.count(psutil.CONN_CLOSE_WAIT) == 0 and len(states) <= 4
+
+    wait_for(settled, 10, "the emulator to close every finished control connection")
+
+
+def test_holdover_emu_stopped_with_sigterm_ends_its_interpreter_and_state(tmp_path: Path) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    cfg = tmp_path / "config.json"
+    broker_port = free_port()  # nothing listens there: the sentinel just keeps retrying
+    cfg.write_text(
+        json.dumps(
+            {
+                "sentinel_id": "emu",
+                "key": "0123456789abcdef0123",
+                "mqtt": {"host": "127.0.0.1", "port": broker_port},
+                "mains": {"pin": 27},
+            }
+        )
+    )
+    port = free_port()
+    holdover = Path(sys.executable).parent / "holdover"
+    emu = subprocess.Popen(
+        [str(holdover), "emu", "--config", str(cfg), "--control", f"127.0.0.1:{port}"],
+        env=dict(os.environ, TMPDIR=str(tmpdir)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _answers(port), 20, "the control port")
+        children = psutil.Process(emu.pid).children(recursive=True)
+        assert children, "no MicroPython child"
+        assert any(tmpdir.iterdir()), "the state directory was not made where expected"
+        emu.send_signal(signal.SIGTERM)
+        emu.wait(15)
+        _gone, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, alive
+        assert not _answers(port)
+        assert list(tmpdir.iterdir()) == []
+    finally:
+        if emu.poll() is None:
+            emu.kill()
+        emu.communicate()
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b'{"get": "world"}\n')
+            return _reply(s)["ok"] is True
+    except OSError:
+        return False
