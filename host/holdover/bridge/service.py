@@ -14,7 +14,8 @@ from typing import Any
 from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.hooks import HookRunner
 from holdover.bridge.mqtt_link import Inbound, MqttLink
-from holdover.journal import Journal
+from holdover.events import Reaction
+from holdover.journal import Event, Journal
 from holdover.node.rescue import Rescuer
 from holdover.settings import Settings
 
@@ -43,6 +44,8 @@ class Bridge:
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
         self.rescuer = Rescuer(self.settings.protect, self.journal)
+        # Every accepted event goes to each of these, in order; a new capability appends itself.
+        self.reactions: list[Reaction] = [self.hooks, self.rescuer]
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
         self._stop = asyncio.Event()
         self.link: MqttLink | None = None
@@ -64,11 +67,17 @@ class Bridge:
                 view.events += 1
                 view.last_event = v.event.kind
                 log.info("event %s from %s (boot %s seq %d)", v.event.kind, v.sid, v.event.boot, v.event.seq)
-                self.hooks.dispatch(v.event)
-                self.rescuer.on_event(v.event)
+                self._react(v.event)
         if self.on_verdict:
             self.on_verdict(v)
         return v
+
+    def _react(self, event: Event) -> None:
+        for r in self.reactions:
+            try:
+                r.on_event(event)
+            except Exception:  # one broken reaction must not keep the event from the others
+                log.exception("reaction %s failed on %s from %s", type(r).__name__, event.kind, event.sid)
 
     def stop(self) -> None:
         self._stop.set()
@@ -81,7 +90,8 @@ class Bridge:
                 loop.add_signal_handler(sig, self.stop)
         self.link = MqttLink(self.settings.mqtt, self.queue, loop)
         self.link.start()
-        self.rescuer.recover()
+        for r in self.reactions:
+            r.start()
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
         stopper = asyncio.create_task(self._stop.wait())
         try:
@@ -96,8 +106,8 @@ class Bridge:
             stopper.cancel()
             self.link.stop()
             # An unfinished rescue stays 'active' in the journal; the next bridge resumes it.
-            await self.rescuer.close()
-            await self.hooks.drain()
+            for r in reversed(self.reactions):
+                await r.close()
             self.journal.close()
             log.info("bridge stopped")
 
@@ -117,6 +127,13 @@ class BridgeThread:
     def start(self) -> BridgeThread:
         self.thread.start()
         return self
+
+    def _react(self, event: Event) -> None:
+        for r in self.reactions:
+            try:
+                r.on_event(event)
+            except Exception:  # one broken reaction must not keep the event from the others
+                log.exception("reaction %s failed on %s from %s", type(r).__name__, event.kind, event.sid)
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.bridge.stop)

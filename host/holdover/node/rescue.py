@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from holdover import proc
+from holdover import events, proc
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node import dump
@@ -39,7 +39,6 @@ from holdover.settings import ProtectSettings
 from holdover.train import ckpt, registry
 
 log = logging.getLogger("holdover.node.rescue")
-TRIGGERS = (protocol.MAINS_LOST, protocol.BATTERY_LOW, protocol.BATTERY_CRITICAL)
 
 
 def runtime_of(event: Event, default: float) -> float:
@@ -70,7 +69,7 @@ class Rescuer:
                 self._grace.cancel()
                 log.info("mains back within the %.0fs grace: no emergency checkpoint", self.s.grace)
             return
-        if event.kind not in TRIGGERS:
+        if event.kind not in events.RESCUE_TRIGGERS:
             return
         critical = event.kind == protocol.BATTERY_CRITICAL
         deadline = event.rx_ts + runtime_of(event, self.s.runtime_default) - self.s.margin
@@ -115,6 +114,9 @@ class Rescuer:
         self._active[rid] = task
         task.add_done_callback(lambda _t, r=rid: self._active.pop(r, None))
 
+    def start(self) -> None:
+        self.recover()
+
     def recover(self) -> int:
         """Resume the rescues a previous bridge left active; returns how many."""
         n = 0
@@ -138,7 +140,8 @@ class Rescuer:
 
     # --- one rescue -----------------------------------------------------------------------------------
 
-    def _alert(self, severity: str, kind: str, text: str) -> None:
+    def _alert(self, kind: str, text: str) -> None:
+        severity = events.kind(kind).severity
         self.journal.alert(severity, kind, text)
         log.log(logging.ERROR if severity == "critical" else logging.WARNING, "%s", text)
         if self.on_alert:
@@ -201,7 +204,7 @@ class Rescuer:
                 return "verified"
             except ckpt.CheckpointError as e:
                 self.journal.step(rid, t.key, t.pid, "verify_failed", error=str(e))
-                self._alert("critical", "checkpoint_bad", f"{t.name}: the emergency checkpoint does not verify: {e}")
+                self._alert("checkpoint_bad", f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
 
     async def _ask(
@@ -250,12 +253,11 @@ class Rescuer:
                 quiet = self.s.hang_after - (time.monotonic() - last_progress)
                 if remaining <= 0:
                     self.journal.step(rid, t.key, t.pid, "too_late", state=state)
-                    self._alert("critical", "checkpoint_late", f"{t.name}: no checkpoint before the deadline ({state})")
+                    self._alert("checkpoint_late", f"{t.name}: no checkpoint before the deadline ({state})")
                     return None
                 if quiet <= 0:
                     self.journal.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
                     self._alert(
-                        "critical",
                         "checkpoint_hung",
                         f"{t.name}: save {state}, no progress for {self.s.hang_after:.0f}s",
                     )
@@ -271,7 +273,7 @@ class Rescuer:
                 if state == "done":
                     return Path(msg["dir"]), msg
                 if state == "failed":
-                    self._alert("critical", "checkpoint_failed", f"{t.name}: checkpoint failed: {msg.get('error')}")
+                    self._alert("checkpoint_failed", f"{t.name}: checkpoint failed: {msg.get('error')}")
                     return None
                 if state == "unknown":
                     raise ConnectionError("the training process does not know the request")
@@ -295,7 +297,7 @@ class Rescuer:
                 return Path(reg.last_save.directory), info
             await asyncio.sleep(0.2)
         self.journal.step(rid, t.key, t.pid, "too_late", state="signalled")
-        self._alert("critical", "checkpoint_late", f"{t.name}: no checkpoint after the signal before the deadline")
+        self._alert("checkpoint_late", f"{t.name}: no checkpoint after the signal before the deadline")
         return None
 
     async def _last_resort(self, rid: int, t: Target) -> str:
@@ -313,10 +315,10 @@ class Rescuer:
             ok |= bool(r.detail.get("files"))
         if ok:
             self.journal.step(rid, t.key, t.pid, "rescued", dir=str(out))
-            self._alert("critical", "rescued", f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
+            self._alert("rescued", f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
             return "rescued"
         self.journal.step(rid, t.key, t.pid, "lost", error="no checkpoint and no dump")
-        self._alert("critical", "lost", f"{t.name}: nothing could be saved")
+        self._alert("lost", f"{t.name}: nothing could be saved")
         return "lost"
 
     async def _final(self, rid: int) -> None:

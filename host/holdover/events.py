@@ -1,0 +1,96 @@
+"""What each kind of event means on the host, in one table, as NUT's `notifylist` is one table.
+
+The sentinel's kinds come from the wire protocol (`firmware/protocol.py`); the host adds its own
+(a sentinel going silent, the steps of an emergency checkpoint, failover, the data cap). Hooks,
+the rescue policy and alerts all read their defaults here: how serious an event is, what to say
+about it, whether it starts an emergency checkpoint, and which problem a recovery closes.
+
+A reaction is anything that acts on accepted events. The bridge keeps a list of them and hands
+every accepted event to each, so a new reaction is one more object in that list, not a new line
+in the bridge's dispatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from holdover.firmware import protocol
+from holdover.journal import Event
+
+INFO = "info"
+WARNING = "warning"
+CRITICAL = "critical"
+SEVERITIES = (INFO, WARNING, CRITICAL)
+
+SENTINEL = "sentinel"  # raised by the board, signed, over MQTT or serial
+HOST = "host"  # raised on this machine by the bridge or a node reaction
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    severity: str
+    message: str  # a format string over the event's fields: {sid} and the event's data keys
+    source: str = SENTINEL
+    starts_rescue: bool = False
+    resolves: str | None = None  # the problem this recovery closes (for alerts and the dashboard)
+
+    def describe(self, **fields: object) -> str:
+        """The stock message with what is known filled in; a missing field never raises."""
+        return self.message.format_map(_Lenient(fields))
+
+
+class _Lenient(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+_KINDS = (
+    # --- from the sentinel -----------------------------------------------------------------------
+    Kind(protocol.BOOT, INFO, "sentinel {sid} booted"),
+    Kind(protocol.HEARTBEAT, INFO, "sentinel {sid} is alive"),
+    Kind(protocol.MAINS_LOST, CRITICAL, "mains power lost at {sid}", starts_rescue=True),
+    Kind(protocol.MAINS_RESTORED, INFO, "mains power back at {sid}", resolves=protocol.MAINS_LOST),
+    Kind(protocol.BATTERY_LOW, CRITICAL, "battery low at {sid}: {runtime_s} s left", starts_rescue=True),
+    Kind(protocol.BATTERY_CRITICAL, CRITICAL, "battery critical at {sid}: {runtime_s} s left", starts_rescue=True),
+    Kind(protocol.BATTERY_OK, INFO, "battery recovered at {sid}", resolves=protocol.BATTERY_LOW),
+    Kind(protocol.UPLINK_LOST, WARNING, "internet uplink lost at {sid}"),
+    Kind(protocol.UPLINK_RESTORED, INFO, "internet uplink back at {sid}", resolves=protocol.UPLINK_LOST),
+    Kind(protocol.RELAY, INFO, "relay at {sid} switched"),
+    # --- from this machine -----------------------------------------------------------------------
+    Kind("sentinel_offline", WARNING, "sentinel {sid} went silent", HOST),
+    Kind("sentinel_online", INFO, "sentinel {sid} is back", HOST, resolves="sentinel_offline"),
+    Kind("checkpoint_started", WARNING, "emergency checkpoint of {target} started", HOST),
+    Kind("checkpoint_verified", INFO, "emergency checkpoint of {target} verified", HOST),
+    Kind("checkpoint_failed", CRITICAL, "emergency checkpoint of {target} failed", HOST),
+    Kind("checkpoint_bad", CRITICAL, "emergency checkpoint of {target} does not verify", HOST),
+    Kind("checkpoint_late", CRITICAL, "no checkpoint of {target} before the deadline", HOST),
+    Kind("checkpoint_hung", CRITICAL, "checkpoint of {target} stopped making progress", HOST),
+    Kind("rescued", CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
+    Kind("lost", CRITICAL, "{target}: nothing could be saved", HOST),
+    Kind("failover", WARNING, "traffic moved to the backup uplink {uplink}", HOST),
+    Kind("failback", INFO, "traffic back on the primary uplink {uplink}", HOST, resolves="failover"),
+    Kind("data_cap", WARNING, "backup uplink {uplink} has used {share} of its data cap", HOST),
+    Kind("bond_slave_down", WARNING, "bond {bond}: slave {slave} is down, no redundancy left", HOST),
+)
+TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
+RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)
+
+
+def kind(name: str) -> Kind:
+    """The table's entry; a kind it does not know is reported, as information, under its own name."""
+    return TABLE.get(name) or Kind(name, INFO, name.replace("_", " ") + " at {sid}", HOST)
+
+
+class Reaction(Protocol):
+    """Something the bridge hands every accepted event to (hooks, the rescue policy, later alerts, failover)."""
+
+    def start(self) -> None:
+        """Called once the bridge's loop runs, before the first event (e.g. to resume work left by a restart)."""
+
+    def on_event(self, event: Event) -> None:
+        """Must not block: anything slow goes into a task of the reaction's own."""
+
+    async def close(self) -> None:
+        """Finish or cancel what is in flight; called when the bridge stops."""
