@@ -1,0 +1,55 @@
+"""The wings' import rules (docs/architecture.md), checked on the source so a stray import fails the build."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import holdover
+
+ROOT = Path(holdover.__file__).parent
+WINGS = ("bridge", "node", "board", "lab", "web", "train")
+BASE = ("settings", "journal", "events", "proc")
+# wing -> the holdover subpackages it may import (besides itself, the base and the firmware's protocol)
+ALLOWED = {
+    "base": set(),
+    "bridge": {"node", "train"},
+    "node": {"train"},
+    "board": set(),
+    "lab": {"bridge", "node", "board", "train"},
+    "web": {"bridge", "node"},
+    "train": set(),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m == "holdover" or m.startswith("holdover.")}
+
+
+def _wing(path: Path) -> str | None:
+    rel = path.relative_to(ROOT)
+    if len(rel.parts) > 1:
+        return rel.parts[0] if rel.parts[0] in WINGS else None
+    return "base" if rel.stem in BASE else None  # cli.py may import anything
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_run_one_way(path: Path) -> None:
+    wing = _wing(path)
+    if wing is None:
+        return
+    for mod in _imports(path):
+        parts = mod.split(".")
+        target = parts[1] if len(parts) > 1 else None
+        if target in WINGS and target != wing:
+            assert target in ALLOWED[wing], f"{path.relative_to(ROOT)} ({wing}) imports {mod}"
+        if wing == "train":
+            assert target == "train", f"train/ runs inside training scripts and imports only train/: {mod}"
