@@ -19,11 +19,13 @@ EHOSTUNREACH = 113
 ETIMEDOUT = 110
 HALF_CYCLE_MS = 10  # 50 Hz mains: the opto output falls once per half-cycle
 CONTROL_LINE_MAX = 512  # bytes; the longest legitimate control command is ~40
+SERIAL_BACKLOG = 64  # lines waiting for a slow serial reader; older ones go, as a UART's FIFO overflows
 
 
 def _usage(msg):
     print("# emu: " + msg)
-    print("# usage: emu_main.py --config FILE --control HOST:PORT --state DIR [--reset-cause CAUSE]")
+    print("# usage: emu_main.py --config FILE --control HOST:PORT --state DIR")
+    print("#        [--serial HOST:PORT] [--reset-cause CAUSE]")
     sys.exit(EXIT_CONFIG)
 
 
@@ -80,6 +82,22 @@ class _ADC:
 
     def read_uv(self):
         return int(self.board.world["battery_v"] / self.DIVIDER * 1000000)
+
+
+class _Relay:
+    """The relay driver pin; the coil's state is part of the world, so tests can see it."""
+
+    def __init__(self, board, active_low):
+        self.board = board
+        self.active_low = active_low
+        self.value(0)
+
+    def value(self, v=None):
+        if v is None:
+            return 1 if self.board.world.get("relay") else 0
+        # The pin level a real driver would see, recorded beside the coil state.
+        self.board.world["relay_pin"] = (0 if v else 1) if self.active_low else (1 if v else 0)
+        self.board._set("relay", bool(v))
 
 
 class _WDT:
@@ -148,6 +166,7 @@ class Board:
                 _usage("--%s is required" % k)
         self.config_path = opts["config"]
         self.control = _split_hostport(opts["control"])
+        self.serial = _split_hostport(opts["serial"]) if "serial" in opts else None
         self.state_dir = opts["state"]
         self._cause = opts.get("reset-cause", "power_on")
         try:
@@ -156,6 +175,7 @@ class Board:
             pass
         self._world_path = self.state_dir + "/world.json"
         self._nvs_path = self.state_dir + "/nvs.json"
+        self.spool_path = self.state_dir + "/spool.jsonl"
         # The physical world outlives a reboot of the chip; a rebooted board sees it as it was.
         self.world = _read_json(self._world_path, {"mains": True, "battery_v": 4.1, "wlan": True})
         self._nvs = _read_json(self._nvs_path, {})
@@ -165,13 +185,25 @@ class Board:
         self._wdt = None
         self._mains_cfg = None
         self.app = None
+        self._clock = 0  # seconds added by NTP's set_time
+        self._serial_clients = []
+        self._serial_out = []
+        self._serial_kick = asyncio.Event()
         self.ticks_ms = time.ticks_ms
         self.ticks_diff = time.ticks_diff
 
     # --- clock, identity, reset ---------------------------------------------------------
 
     def now_unix(self):
-        return int(time.time())
+        return int(time.time()) + self._clock
+
+    def set_time(self, unix):
+        # The host's clock is the emulator's RTC; NTP's answer only shifts it.
+        self._clock = unix - int(time.time())
+
+    def console(self, line):
+        print(line)
+        self.serial_out(line)
 
     def unique_id(self):
         return "emu0"
@@ -182,6 +214,10 @@ class Board:
     def reset(self):
         print("# emu: machine.reset()")
         raise SystemExit(EXIT_RESET)
+
+    async def _reset_soon(self):
+        await asyncio.sleep_ms(50)  # the control reply goes out first
+        self.reset()
 
     def halt(self, msg):
         sys.exit(EXIT_CONFIG)
@@ -199,6 +235,9 @@ class Board:
 
     def output(self, num, value=0):
         return _Output(value)
+
+    def relay(self, num, active_low):
+        return _Relay(self, active_low)
 
     def adc(self, num):
         return _ADC(self)
@@ -293,6 +332,10 @@ class Board:
                 return {"ok": False, "error": "battery_v: expected a voltage 0..30"}
             self._set(k, float(v))
             return {"ok": True, k: float(v)}
+        if k == "reset":
+            # The reset button: the supervisor boots the firmware again with cause "hard".
+            self._tasks.append(asyncio.create_task(self._reset_soon()))
+            return {"ok": True, "reset": True}
         if k == "get":
             if v == "state":
                 return {"ok": True, "state": self.app.snapshot() if self.app else None}
@@ -310,7 +353,9 @@ class Board:
                         "hwm": self.app.heap_hwm if self.app else 0,
                     },
                 }
-            return {"ok": False, "error": "get: expected state, world, adc or mem"}
+            if v == "relay":
+                return {"ok": True, "relay": bool(self.world.get("relay")), "pin": self.world.get("relay_pin")}
+            return {"ok": False, "error": "get: expected state, world, adc, mem or relay"}
         return {"ok": False, "error": "unknown command %r" % k}
 
     def _reply(self, line):
@@ -356,9 +401,57 @@ class Board:
         except OSError:
             pass
 
+    # --- the USB serial port, as a TCP port (pyserial opens it as socket://HOST:PORT) -------
+
+    def serial_out(self, line):
+        if not self._serial_clients:
+            return  # nobody on the other end of the cable: the bytes go nowhere
+        if isinstance(line, str):
+            line = line.encode()
+        self._serial_out.append(line)
+        if len(self._serial_out) > SERIAL_BACKLOG:
+            self._serial_out.pop(0)
+        self._serial_kick.set()
+
+    async def _serial_writer(self):
+        while True:
+            await self._serial_kick.wait()
+            self._serial_kick.clear()
+            while self._serial_out:
+                line = self._serial_out.pop(0)
+                for w in list(self._serial_clients):
+                    try:
+                        w.write(line + b"\n")
+                        await asyncio.wait_for_ms(w.drain(), 2000)
+                    except Exception:  # a stuck or gone reader is unplugged, the board carries on
+                        self._serial_clients.remove(w)
+
+    async def _serial_client(self, r, w):
+        self._serial_clients.append(w)
+        try:
+            while True:
+                line = await r.readline()
+                if not line:
+                    break
+                if len(line) > 2100:  # longer than any envelope: garbage, like line noise
+                    self.console("# serial: line too long, dropped")
+                    continue
+                if self.app is not None:
+                    self.app.serial_line(line)
+        except Exception as e:
+            print("# emu: serial client error", repr(e))
+        if w in self._serial_clients:
+            self._serial_clients.remove(w)
+        w.close()
+        await w.wait_closed()
+
     async def serve(self, app):
         self.app = app
         host, port = self.control
         await asyncio.start_server(self._client, host, port)
         self._tasks = [asyncio.create_task(self._pulses()), asyncio.create_task(self._watchdog())]
         print("# emu: control on %s:%d" % (host, port))
+        if self.serial:
+            await asyncio.start_server(self._serial_client, self.serial[0], self.serial[1])
+            self._tasks.append(asyncio.create_task(self._serial_writer()))
+            print("# emu: serial on %s:%d" % self.serial)

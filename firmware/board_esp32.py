@@ -5,6 +5,7 @@
 # in docs/hardware-testing.md.
 import asyncio
 import json
+import sys
 import time
 
 import esp32
@@ -34,16 +35,37 @@ class _Input:
         self.pin.irq(trigger=machine.Pin.IRQ_FALLING, handler=handler)
 
 
+SERIAL_BACKLOG = 32  # event lines waiting for the UART; the oldest go when the host stops reading
+
+
 class Board:
     name = "esp32"
     config_path = "/config.json"
+    spool_path = "/spool.jsonl"
 
     def __init__(self):
         self._nvs = esp32.NVS("holdover")
         self._wlan = network.WLAN(network.STA_IF)
         self._time_synced = False
+        self._serial_out = []
+        self._serial_kick = asyncio.Event()
+        self.app = None
         self.ticks_ms = time.ticks_ms
         self.ticks_diff = time.ticks_diff
+
+    def set_time(self, unix):
+        t = time.gmtime(unix - _EPOCH_OFFSET)
+        # RTC.datetime takes (year, month, day, weekday, hours, minutes, seconds, subseconds).
+        machine.RTC().datetime((t[0], t[1], t[2], t[6] + 1, t[3], t[4], t[5], 0))
+        self._time_synced = True
+
+    def console(self, line):
+        # Once the serial writer runs, logs go through it too: a print() in the middle of a
+        # half-written event line would garble both.
+        if self.app is None:
+            print(line)
+        else:
+            self.serial_out(line)
 
     def now_unix(self):
         if not self._time_synced:
@@ -75,6 +97,12 @@ class Board:
     def output(self, num, value=0):
         # value= before the direction switch, so the pin never glitches the relay at boot.
         return machine.Pin(num, machine.Pin.OUT, value=value)
+
+    def relay(self, num, active_low):
+        # Signal inverts for an active-low module; value=0 before the direction switch keeps the
+        # coil off through boot (with the module's own pull-up, see hardware/pins.md).
+        pin = machine.Pin(num, machine.Pin.OUT, value=1 if active_low else 0)
+        return machine.Signal(pin, invert=active_low)
 
     def adc(self, num):
         # ADC1 only (GPIO 32-39): ADC2 is taken by the WiFi driver. 11 dB reads up to ~3.1 V,
@@ -126,5 +154,33 @@ class Board:
     async def open_connection(self, host, port):
         return await asyncio.open_connection(host, port)
 
+    # --- the USB serial port: UART0 through the devkit's USB bridge, shared with the REPL ---
+
+    def serial_out(self, line):
+        self._serial_out.append(line)
+        if len(self._serial_out) > SERIAL_BACKLOG:
+            self._serial_out.pop(0)
+        self._serial_kick.set()
+
+    async def _serial_writer(self):
+        # Through a StreamWriter, so a 2 KB line at 115200 baud (~170 ms) is written as the
+        # UART drains instead of holding the loop.
+        out = asyncio.StreamWriter(sys.stdout, {})
+        while True:
+            await self._serial_kick.wait()
+            self._serial_kick.clear()
+            while self._serial_out:
+                out.write(self._serial_out.pop(0))
+                out.write(b"\n")
+                await out.drain()
+
+    async def _serial_reader(self):
+        inp = asyncio.StreamReader(sys.stdin)
+        while True:
+            line = await inp.readline()
+            if line and len(line) <= 2100 and self.app is not None:
+                self.app.serial_line(line)
+
     async def serve(self, app):
-        pass
+        self.app = app
+        self._tasks = [asyncio.create_task(self._serial_writer()), asyncio.create_task(self._serial_reader())]

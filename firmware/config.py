@@ -32,6 +32,53 @@ def _one_of(*choices):
     return check
 
 
+def _ipv4(v):
+    # An IP literal, because a DNS lookup on the board blocks the whole event loop.
+    parts = v.split(".")
+    if len(parts) == 4 and all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
+        return None
+    return "must be an IPv4 address literal (a DNS lookup would block the board)"
+
+
+def _targets(v):
+    if len(v) > 6:
+        return "at most 6 targets"
+    for i, t in enumerate(v):
+        where = "[%d]" % i
+        if not isinstance(t, dict):
+            return where + " must be an object"
+        for k in t:
+            if k not in ("kind", "host", "port", "timeout_ms", "name"):
+                return where + ".%s: unknown key" % k
+        if t.get("kind") not in ("tcp", "dns"):
+            return where + ".kind: must be tcp or dns"
+        bad = _ipv4(t["host"]) if isinstance(t.get("host"), str) else "required, an IPv4 address"
+        if bad:
+            return where + ".host: " + bad
+        port = t.get("port", 53)
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            return where + ".port: must be in 1..65535"
+        tmo = t.get("timeout_ms", 0)
+        if not isinstance(tmo, int) or isinstance(tmo, bool) or not 0 <= tmo <= 10000:
+            return where + ".timeout_ms: must be in 0..10000"
+    return None
+
+
+def _curve(v):
+    if len(v) < 2:
+        return "needs at least two [volts, percent] points"
+    last = None
+    for p in v:
+        if not isinstance(p, list) or len(p) != 2 or not all(isinstance(x, (int, float)) for x in p):
+            return "points must be [volts, percent]"
+        if not 0 <= p[1] <= 100:
+            return "percent must be in 0..100"
+        if last is not None and (p[0] <= last[0] or p[1] < last[1]):
+            return "points must rise in volts and not fall in percent"
+        last = p
+    return None
+
+
 # key: (type, default or REQUIRED, check) or a nested spec dict.
 SPEC = {
     "sentinel_id": (str, REQUIRED, _sid),
@@ -43,7 +90,7 @@ SPEC = {
     },
     "mqtt": {
         # An IP literal: a DNS lookup on the board blocks the whole loop.
-        "host": (str, REQUIRED, None),
+        "host": (str, REQUIRED, _ipv4),
         "port": (int, 1883, _rng(1, 65535)),
         "user": (str, "", None),
         "password": (str, "", None),
@@ -63,13 +110,126 @@ SPEC = {
         # Pulse mode: mains is present while the last edge is younger than this (>1 cycle at 50 Hz).
         "pulse_gap_ms": (int, 30, _rng(12, 1000)),
         "sample_ms": (int, 5, _rng(1, 100)),
+        # false when the opto module has its own pull-up (needed on GPIO 34-39, which have none)
+        "pull_up": (bool, True, None),
     },
+    "uplink": {
+        # Probed every interval; a round is good when `reliability` targets answer. Down after
+        # `down` bad rounds in a row, up after `up` good ones (mwan3's model at sub-second pace).
+        "targets": (list, [], _targets),
+        "interval_ms": (int, 500, _rng(100, 60000)),
+        "timeout_ms": (int, 400, _rng(50, 10000)),
+        "reliability": (int, 1, _rng(1, 6)),
+        "down": (int, 3, _rng(1, 100)),
+        "up": (int, 3, _rng(1, 100)),
+        "window": (int, 20, _rng(4, 30)),  # probes per target kept for loss and "degraded"
+        "degraded_loss_pct": (int, 20, _rng(1, 100)),
+    },
+    "battery": {
+        "pin": (int, -1, _rng(-1, 48)),  # -1: no battery sense
+        "divider": (float, 2.0, _rng(1.0, 100.0)),  # (R1 + R2) / R2
+        "offset_v": (float, 0.0, _rng(-2.0, 2.0)),  # calibration, added after the divider
+        "samples": (int, 16, _rng(1, 64)),
+        "interval_ms": (int, 1000, _rng(100, 60000)),
+        "cells": (int, 1, _rng(1, 16)),  # in series; the curve is per cell
+        # Per-cell resting voltage to state of charge; this default is a Li-ion 18650 at ~0.2C.
+        "curve": (
+            list,
+            [
+                [3.0, 0],
+                [3.3, 5],
+                [3.5, 15],
+                [3.6, 25],
+                [3.7, 45],
+                [3.8, 65],
+                [3.9, 78],
+                [4.0, 88],
+                [4.1, 95],
+                [4.2, 100],
+            ],
+            _curve,
+        ),
+        "capacity_wh": (float, 9.6, _rng(0.1, 100000.0)),
+        "load_w": (float, 1.0, _rng(0.01, 100000.0)),  # what the battery feeds while mains is out
+        "low_pct": (int, 30, _rng(1, 99)),
+        "critical_pct": (int, 10, _rng(0, 98)),
+        "hysteresis_pct": (int, 5, _rng(1, 50)),
+    },
+    "relay": {
+        "pin": (int, -1, _rng(-1, 48)),  # -1: no relay
+        "active_low": (bool, True, None),
+        "min_interval_ms": (int, 2000, _rng(0, 3600000)),
+        # Power-cycle the modem when the uplink has been down this long (0: never).
+        "cycle_after_s": (int, 300, _rng(0, 86400)),
+        "cycle_ms": (int, 10000, _rng(50, 600000)),
+        "cycles_per_hour": (int, 2, _rng(0, 60)),
+        "cycle_on_battery": (bool, False, None),
+    },
+    "ntp": {
+        "host": (str, "", None),  # an IPv4 literal (the router, the bridge host); empty: no NTP
+        "port": (int, 123, _rng(1, 65535)),
+        "interval_s": (int, 3600, _rng(60, 86400)),
+    },
+    "ha": {
+        "discovery": (bool, True, None),
+        "prefix": (str, protocol.HA_PREFIX, None),
+    },
+    "safe_mode": {
+        # Consecutive crash resets (watchdog, panic) before safe mode; power-on resets never count.
+        "after": (int, 5, _rng(2, 100)),
+        "good_after_s": (int, 60, _rng(5, 3600)),
+    },
+    "chip": (str, "esp32", _one_of("esp32")),
     "heartbeat_s": (int, 30, _rng(1, 3600)),
 }
 
+# The classic ESP32 (WROOM/WROVER modules). Reasons are what the validator prints.
+_GPIOS = tuple(range(0, 6)) + tuple(range(12, 20)) + (21, 22, 23, 25, 26, 27) + tuple(range(32, 40))
+_FLASH = (6, 7, 8, 9, 10, 11)
+_UART0 = (1, 3)
+_STRAPPING = (0, 2, 5, 12, 15)
+_INPUT_ONLY = (34, 35, 36, 37, 38, 39)
+_ADC1 = (32, 33, 34, 35, 36, 37, 38, 39)
+_ADC2 = (0, 2, 4, 12, 13, 14, 15, 25, 26, 27)
+
+
+def _pin_problem(role, pin, cfg):
+    if pin in _FLASH:
+        return "GPIO%d is wired to the module's SPI flash" % pin
+    if pin not in _GPIOS:
+        return "GPIO%d does not exist on an ESP32" % pin
+    if pin in _UART0:
+        return "GPIO%d is UART0, the USB serial channel" % pin
+    if pin in _STRAPPING:
+        # Held by a relay driver or an opto output at reset, these pick the boot mode or flash voltage.
+        return "GPIO%d is a strapping pin; a %s on it can stop the chip booting" % (pin, role)
+    if role == "relay" and pin in _INPUT_ONLY:
+        return "GPIO%d is input-only" % pin
+    if role == "mains input" and pin in _INPUT_ONLY and cfg["mains"]["pull_up"]:
+        return "GPIO%d has no internal pull-up; fit one and set mains.pull_up false" % pin
+    if role == "battery ADC" and pin in _ADC2:
+        return "GPIO%d is on ADC2, which the WiFi driver owns" % pin
+    if role == "battery ADC" and pin not in _ADC1:
+        return "GPIO%d has no ADC; use GPIO32-39 (ADC1)" % pin
+    return None
+
+
+def _check_pins(cfg):
+    used = {}
+    for key, role in (("mains", "mains input"), ("relay", "relay"), ("battery", "battery ADC")):
+        pin = cfg[key]["pin"]
+        if pin < 0:
+            continue
+        problem = _pin_problem(role, pin, cfg)
+        if problem:
+            raise ConfigError("%s.pin: %s, got %d" % (key, problem, pin))
+        if pin in used:
+            raise ConfigError("%s.pin: GPIO%d is already %s.pin" % (key, pin, used[pin]))
+        used[pin] = key
+
 
 def _type_name(t):
-    return {str: "a string", int: "an integer", bool: "true or false", float: "a number"}[t]
+    return {str: "a string", int: "an integer", bool: "true or false", float: "a number", list: "a list"}[t]
 
 
 def _check(spec, raw, path):
@@ -108,6 +268,17 @@ def validate(raw):
     m = cfg["mqtt"]
     if m["backoff_max_ms"] < m["backoff_min_ms"]:
         raise ConfigError("mqtt.backoff_max_ms: must be >= mqtt.backoff_min_ms")
+    b = cfg["battery"]
+    if b["critical_pct"] >= b["low_pct"]:
+        raise ConfigError("battery.critical_pct: must be below battery.low_pct")
+    u = cfg["uplink"]
+    if u["targets"] and u["reliability"] > len(u["targets"]):
+        raise ConfigError("uplink.reliability: %d but only %d target(s)" % (u["reliability"], len(u["targets"])))
+    if u["timeout_ms"] >= u["interval_ms"]:
+        raise ConfigError("uplink.timeout_ms: must be shorter than uplink.interval_ms")
+    if cfg["ntp"]["host"] and _ipv4(cfg["ntp"]["host"]):
+        raise ConfigError("ntp.host: " + _ipv4(cfg["ntp"]["host"]))
+    _check_pins(cfg)
     return cfg
 
 

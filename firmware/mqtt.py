@@ -60,6 +60,8 @@ class Message:
         self.pid = 0
         self.sent_ms = None  # ticks of the last send on the current connection, None = unsent
         self.tries = 0
+        self.span = None  # where it sits in the spool, for a message the spool owns
+        self.on_ack = None
 
 
 class Client:
@@ -94,7 +96,7 @@ class Client:
 
     # --- API used by the application; none of it awaits -----------------------------
 
-    def publish(self, topic, payload, retain=False, qos=1, critical=False, first=False):
+    def publish(self, topic, payload, retain=False, qos=1, critical=False, first=False, span=None, on_ack=None):
         if retain:
             # A retained topic only ever needs its newest value: replace one still unsent.
             for m in self.outbox:
@@ -103,6 +105,8 @@ class Client:
                     self._kick.set()
                     return m
         m = Message(topic, payload, retain, qos, critical)
+        m.span = span
+        m.on_ack = on_ack
         if first:
             self.outbox.insert(0, m)
         else:
@@ -120,14 +124,16 @@ class Client:
         return len(self.outbox)
 
     def _drop_one(self):
-        # Telemetry goes first; a critical message is dropped only when nothing else is left.
+        # Telemetry goes first; a critical message is dropped only when nothing else is left,
+        # and one the spool owns never (it is on flash, and the spool bounds how many there are).
         victim = None
         for m in self.outbox:
-            if not m.critical:
+            if m.span is None and (victim is None or (victim.critical and not m.critical)):
                 victim = m
-                break
+                if not m.critical:
+                    break
         if victim is None:
-            victim = self.outbox[0]
+            return
         self.outbox.remove(victim)
         self.dropped += 1
         self.log("mqtt", "queue full, dropped", victim.topic)
@@ -278,6 +284,8 @@ class Client:
                     if m.pid == pid and m.sent_ms is not None:
                         self.outbox.remove(m)
                         self._kick.set()
+                        if m.on_ack:
+                            m.on_ack(m)
                         break
             elif kind == PUBLISH:
                 qos = (head >> 1) & 3

@@ -24,7 +24,8 @@ STATE = "state"  # retained signed snapshot
 EVENT = "event"  # QoS 1, never retained
 CMD = "cmd"  # to the sentinel; never retained, never acted on if it arrives retained
 CMD_ACK = "cmd/ack"
-LEAVES = (STATUS, STATE, EVENT, CMD, CMD_ACK)
+RELAY_SET = "relay/set"  # plain ON/OFF from Home Assistant, signed and forwarded by the bridge
+LEAVES = (STATUS, STATE, EVENT, CMD, CMD_ACK, RELAY_SET)
 
 ONLINE = "online"
 OFFLINE = "offline"
@@ -68,6 +69,26 @@ UNKNOWN_SENTINEL = "unknown_sentinel"
 SCHEMA = "schema"
 REPLAYED = "replayed"
 STALE_BOOT = "stale_boot"
+RETAINED = "retained"  # a command that arrived with the retain flag
+TOO_SOON = "too_soon"  # a relay switch inside its minimum interval
+DUPLICATE = "duplicate"  # the same event again, by the other channel (MQTT and serial)
+BUSY = "busy"  # a relay pulse already running
+NO_RELAY = "no_relay"  # this sentinel has no relay configured
+SAFE_MODE = "safe_mode"  # the relay is off limits while the sentinel is in boot-loop safe mode
+
+# Commands to a sentinel (kind "cmd"). The body's boot must be the sentinel's current boot and
+# its seq higher than any command seq that boot has accepted: a command from before a reboot,
+# or one replayed, is refused without any clock on the board. data: {"op", "id", "ms"}.
+OP_ON = "on"
+OP_OFF = "off"
+OP_PULSE = "pulse"
+OPS = (OP_ON, OP_OFF, OP_PULSE)
+PULSE_MAX_MS = 600000
+
+# Serial line protocol: each signed envelope is one line; a line starting with LOG is a log.
+LOG = "#"
+RUNTIME = "runtime_s"  # remaining runtime, carried by the state and every event while on battery
+HA_PREFIX = "homeassistant"
 
 _PREFIX = b'{"sig":"'
 _MIDDLE = b'","body":'
@@ -255,3 +276,17 @@ def peek_sid(payload):
     if not valid_sid(s):
         raise ProtocolError(SCHEMA, "sid: invalid %r" % (s,))
     return s
+
+
+def check_command(data):
+    """The data of a cmd body: returns (op, id, ms) or raises ProtocolError(SCHEMA, ...)."""
+    op = data.get("op")
+    if op not in OPS:
+        raise ProtocolError(SCHEMA, "op: must be one of %s, got %r" % (", ".join(OPS), op))
+    cid = data.get("id", "")
+    if not isinstance(cid, str) or len(cid) > 32:
+        raise ProtocolError(SCHEMA, "id: must be a string of at most 32 characters")
+    ms = data.get("ms", 0)
+    if op == OP_PULSE and (not _int(ms) or not 50 <= ms <= PULSE_MAX_MS):
+        raise ProtocolError(SCHEMA, "ms: a pulse must last 50..%d ms" % PULSE_MAX_MS)
+    return op, cid, ms

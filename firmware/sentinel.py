@@ -3,17 +3,25 @@
 # The same code runs on the ESP32 (board_esp32) and in the unix port (board_emu). The
 # power-watch task never awaits the network, and the watchdog is fed from its health,
 # not from MQTT's: a sentinel whose broker is gone must keep watching, not reboot.
+#
+# Every event goes three ways: a line on the USB serial port at once, a line in the spool on
+# flash, and from there (a few at a time) into the MQTT queue, leaving the spool only when
+# the broker has acknowledged it. Heartbeats are telemetry: RAM only, dropped first.
 import asyncio
 import binascii
 import gc
 import os
+import sys
 
 import mains
 import mqtt
 import protocol
+import spool
 
 WDT_MS = 8000
 WATCH_STALE_MS = 2000  # the power watch must have sampled this recently to feed the WDT
+SPOOL_CAP = 48 * 1024  # bytes of flash for undelivered events (~150 events)
+CRASH_CAUSES = ("wdt", "hard")  # resets that count towards safe mode; power_on never does
 
 
 class Sentinel:
@@ -26,12 +34,19 @@ class Sentinel:
         self.boot_count = board.nvs_get("boots", 0) + 1
         board.nvs_set("boots", self.boot_count)
         self.reset_cause = board.reset_cause()
+        self.crashes = self._count_crash()
+        self.safe_mode = self.crashes >= cfg["safe_mode"]["after"]
         self.seq = 0
         self._t0 = board.ticks_ms()
         self._up_last = self._t0
         self._up_ms = 0
         self.raised = {}
         self.heap_hwm = 0
+        self.cmd_seq = 0  # the highest command seq accepted in this boot
+        self.cmd_refused = 0
+        self.spool = spool.Spool(board.spool_path, SPOOL_CAP)
+        self._window = min(8, cfg["mqtt"]["queue_len"] // 2)  # spooled events in RAM at once
+        self._inflight = 0
         st = protocol.topic(self.sid, protocol.STATUS)
         self.mqtt = mqtt.Client(
             board,
@@ -44,6 +59,29 @@ class Sentinel:
         )
         self.mqtt.subscribe(protocol.topic(self.sid, protocol.CMD))
         self.mains = mains.MainsWatch(board, cfg["mains"], self._mains_changed)
+        self.battery = self.uplink = self.relay = None
+        if cfg["battery"]["pin"] >= 0:
+            import battery
+
+            self.battery = battery.Battery(board, cfg["battery"], self._battery_level)
+        # Safe mode keeps only what watches power and reports it: a crash loop is most likely
+        # in the parts that talk to the outside (probes, relay, discovery, NTP).
+        if not self.safe_mode and cfg["uplink"]["targets"]:
+            import uplink
+
+            self.uplink = uplink.UplinkWatch(board, cfg["uplink"], self._uplink_changed)
+        if not self.safe_mode and cfg["relay"]["pin"] >= 0:
+            import relay
+
+            self.relay = relay.Relay(board, cfg["relay"], self._relay_switched)
+
+    def _count_crash(self):
+        n = self.board.nvs_get("crashes", 0)
+        # Only a crash counts; a power-on (a mains flicker browning the board out included)
+        # proves nothing about the firmware and starts the count again.
+        n = n + 1 if self.reset_cause in CRASH_CAUSES else 0
+        self.board.nvs_set("crashes", n)
+        return n
 
     # --- time and logging --------------------------------------------------------------
 
@@ -55,8 +93,14 @@ class Sentinel:
         return self._up_ms
 
     def log(self, *parts):
-        # "# " marks a log line on the shared USB serial port; protocol lines start with "{".
-        print("#", self.uptime_ms(), *parts)
+        # A log line on the shared USB serial port starts with LOG; protocol lines with "{".
+        self.board.console(protocol.LOG + " " + " ".join([str(p) for p in (self.uptime_ms(),) + parts]))
+
+    def on_battery(self):
+        return self.mains.present is False
+
+    def runtime_s(self):
+        return self.battery.runtime_s() if self.battery else None
 
     # --- outbound ------------------------------------------------------------------------
 
@@ -67,47 +111,146 @@ class Sentinel:
         )
 
     def emit(self, kind, data):
+        if self.on_battery():
+            # What the bridge budgets its emergency work against, on every event while it matters.
+            data["on_battery"] = True
+            r = self.runtime_s()
+            if r is not None:
+                data[protocol.RUNTIME] = r
         payload = self._seal(kind, data)
         self.raised[kind] = self.raised.get(kind, 0) + 1
-        self.mqtt.publish(
-            protocol.topic(self.sid, protocol.EVENT), payload, qos=1, critical=kind in protocol.CRITICAL_KINDS
-        )
+        self.board.serial_out(payload)
+        critical = kind in protocol.CRITICAL_KINDS
+        if kind == protocol.HEARTBEAT:
+            self.mqtt.publish(protocol.topic(self.sid, protocol.EVENT), payload, qos=1)
+        elif self.spool.append(payload, critical):
+            self._feed()
+        else:
+            # Spool full: the event still goes, from RAM, where a reset would lose it.
+            self.log("spool", "full, %s seq %d kept in RAM only" % (kind, self.seq))
+            self.mqtt.publish(protocol.topic(self.sid, protocol.EVENT), payload, qos=1, critical=critical)
         self.log("event", kind, "seq", self.seq)
         self.publish_state()
 
+    def _feed(self):
+        t = protocol.topic(self.sid, protocol.EVENT)
+        while self._inflight < self._window:
+            got = self.spool.read()
+            if got is None:
+                return
+            self._inflight += 1
+            self.mqtt.publish(t, got[2], qos=1, critical=True, span=(got[0], got[1]), on_ack=self._acked)
+
+    def _acked(self, m):
+        self._inflight -= 1
+        self.spool.acked(m.span[0], m.span[1])
+        self._feed()
+
     def publish_state(self):
-        self.mqtt.publish(
-            protocol.topic(self.sid, protocol.STATE), self._seal(protocol.STATE_KIND, self.snapshot()), retain=True
-        )
+        payload = self._seal(protocol.STATE_KIND, self.snapshot())
+        self.mqtt.publish(protocol.topic(self.sid, protocol.STATE), payload, retain=True)
+        self.board.serial_out(payload)  # a host on the serial side needs the runtime estimate too
 
     def snapshot(self):
-        return {
+        s = {
             "mains": self.mains.present,
             "mains_since_ms": self.board.ticks_diff(self.mains.changed_ms, self._t0),
             "glitches": self.mains.glitches,
             "boot_count": self.boot_count,
             "reset_cause": self.reset_cause,
+            "safe_mode": self.safe_mode,
             "uptime_ms": self.uptime_ms(),
             "queued": self.mqtt.pending(),
             "dropped": self.mqtt.dropped,
+            "spool_bytes": self.spool.pending(),
+            "spool_refused": self.spool.refused,
+            "cmd_refused": self.cmd_refused,
             "mem_free": gc.mem_free(),
+            "relay": self.relay.on if self.relay else None,
+            "uplink": self.uplink.status() if self.uplink else None,
         }
+        if self.uplink:
+            s["targets"] = self.uplink.snapshot()
+        if self.battery:
+            s.update(self.battery.snapshot())
+            s[protocol.RUNTIME] = self.runtime_s()
+        return s
 
     def _on_connect(self):
         # Birth first, so "online" is not stuck behind a backlog of queued events.
         self.mqtt.publish(protocol.topic(self.sid, protocol.STATUS), protocol.ONLINE, retain=True, first=True)
         self.publish_state()
+        if self.cfg["ha"]["discovery"] and not self.safe_mode:
+            import discovery
+
+            for t, p in discovery.messages(self.cfg, self.sid, self.board.name):
+                self.mqtt.publish(t, p, retain=True)
+            # Its bytecode is needed once per connect; the heap is better spent on the queue.
+            del sys.modules["discovery"]
+
+    # --- commands, from MQTT or the serial port --------------------------------------------
 
     def _on_message(self, topic, payload, retained):
-        if retained:
-            self.log("cmd", "refused: retained command on", topic)
-            return
+        self.command(payload, retained, "mqtt")
+
+    def serial_line(self, line):
+        line = line.strip()
+        if line[:1] == b"{":
+            self.command(line, False, "serial")
+        elif line:
+            self.log("serial", "ignored a line that is not a signed command")
+
+    def command(self, payload, retained, via):
+        """Verify and run one relay command; every verified command is answered with an ack."""
         try:
-            msg = protocol.open_envelope(payload, self.signer)
+            msg = protocol.open_envelope(payload, self.signer, self.sid)
+            if msg["kind"] != protocol.CMD_KIND:
+                raise protocol.ProtocolError(protocol.SCHEMA, "kind %r is not a command" % msg["kind"])
         except protocol.ProtocolError as e:
-            self.log("cmd", "refused:", str(e))
+            # Unverified: nothing in it can be trusted, not even an id to answer to.
+            self.cmd_refused += 1
+            self.log("cmd", "refused from", via + ":", str(e))
             return
-        self.log("cmd", "received", msg["kind"], "(no command handlers in this build)")
+        data = msg["data"]
+        cid = data.get("id") if isinstance(data.get("id"), str) else ""
+        op = data.get("op")
+        reason = detail = None
+        if retained:
+            # A retained command would run again on every reconnect.
+            reason, detail = protocol.RETAINED, "commands must not be retained"
+        elif msg["boot"] != self.boot:
+            reason, detail = protocol.STALE_BOOT, "for boot %s, this is %s" % (msg["boot"], self.boot)
+        elif msg["seq"] <= self.cmd_seq:
+            reason, detail = protocol.REPLAYED, "seq %d <= %d" % (msg["seq"], self.cmd_seq)
+        else:
+            self.cmd_seq = msg["seq"]  # spent even if refused below: a replay of it stays refused
+            try:
+                op, cid, ms = protocol.check_command(data)
+                reason = self._run(op, ms)
+            except protocol.ProtocolError as e:
+                reason, detail = e.reason, e.detail
+        if reason:
+            self.cmd_refused += 1
+            self.log("cmd", "refused from", via + ":", reason, detail or "")
+        else:
+            self.log("cmd", op, "from", via)
+        ack = {"id": cid, "op": op, "cmd_seq": msg["seq"], "ok": reason is None, "relay": self.relay_on()}
+        if reason:
+            ack["reason"] = reason
+            ack["detail"] = detail or reason
+        payload = self._seal(protocol.ACK_KIND, ack)
+        self.mqtt.publish(protocol.topic(self.sid, protocol.CMD_ACK), payload, qos=1)
+        self.board.serial_out(payload)
+
+    def relay_on(self):
+        return self.relay.on if self.relay else None
+
+    def _run(self, op, ms):
+        if self.relay is None:
+            return protocol.SAFE_MODE if self.safe_mode else protocol.NO_RELAY
+        if op == protocol.OP_PULSE:
+            return self.relay.pulse(ms, "command")
+        return self.relay.set(op == protocol.OP_ON, "command")
 
     # --- sensing -------------------------------------------------------------------------
 
@@ -117,13 +260,43 @@ class Sentinel:
         else:
             self.emit(protocol.MAINS_LOST, {"debounce_ms": self.mains.debounce})
 
+    def _battery_level(self, level, prev):
+        kind = {"ok": protocol.BATTERY_OK, "low": protocol.BATTERY_LOW, "critical": protocol.BATTERY_CRITICAL}[level]
+        d = self.battery.snapshot()
+        d["previous"] = prev
+        d["on_battery"] = self.on_battery()
+        self.emit(kind, d)
+
+    def _uplink_changed(self, up, outage_ms):
+        if up:
+            self.emit(protocol.UPLINK_RESTORED, {"outage_ms": outage_ms, "targets": self.uplink.snapshot()})
+        else:
+            self.emit(
+                protocol.UPLINK_LOST,
+                {"outage_ms": outage_ms, "wlan": self.board.net_up(), "targets": self.uplink.snapshot()},
+            )
+
+    def _relay_switched(self, on, why):
+        self.emit(protocol.RELAY, {"on": on, "why": why})
+
+    # --- housekeeping ----------------------------------------------------------------------
+
     async def _supervise(self):
         wdt = self.board.wdt(WDT_MS)
+        good_after = self.cfg["safe_mode"]["good_after_s"] * 1000
         while True:
             if self.board.ticks_diff(self.board.ticks_ms(), self.mains.alive_ms) < WATCH_STALE_MS:
                 wdt.feed()
             else:
                 self.log("wdt", "power watch stalled; not feeding the watchdog")
+            if self.crashes and self.uptime_ms() > good_after:
+                self.crashes = 0
+                self.board.nvs_set("crashes", 0)
+                self.log("boot", "stable; crash count cleared")
+            try:
+                self.spool.flush()
+            except OSError as e:  # a full or failing flash must not stop the watch
+                self.log("spool", "flush failed:", repr(e))
             gc.collect()
             # The live heap, measured after a collection: before one it only shows garbage piling up.
             live = gc.mem_alloc()
@@ -137,14 +310,43 @@ class Sentinel:
             await asyncio.sleep_ms(period)
             self.emit(protocol.HEARTBEAT, {"uptime_ms": self.uptime_ms(), "mem_free": gc.mem_free()})
 
+    async def _policy(self):
+        """The modem power-cycle when the uplink stays down, and NTP while it is up."""
+        ticks, diff = self.board.ticks_ms, self.board.ticks_diff
+        ntp_host = "" if self.safe_mode else self.cfg["ntp"]["host"]
+        next_ntp = ticks()
+        while True:
+            await asyncio.sleep_ms(1000)
+            u, now = self.uplink, ticks()
+            down_ms = diff(now, u.down_since_ms) if u is not None and u.up is False else 0
+            if down_ms and self.relay is not None and self.relay.cycle_allowed(down_ms, self.on_battery()):
+                self.log("relay", "uplink down %d s: power-cycling the modem" % (down_ms // 1000))
+                self.relay.cycle()
+            if ntp_host and self.board.net_up() and (u is None or u.up) and diff(now, next_ntp) >= 0:
+                import ntp
+
+                t = await ntp.query(ntp_host, self.cfg["ntp"]["port"])
+                if t:
+                    self.board.set_time(t)
+                    self.log("ntp", "time set from", ntp_host)
+                next_ntp = ticks() + (self.cfg["ntp"]["interval_s"] * 1000 if t else 60000)
+
     async def main(self):
         await self.board.serve(self)  # board services first: the emulated mains pulses come from there
         present = await self.mains.settle()
+        if self.battery:
+            self.battery.read()
+        if self.spool.pending():
+            self.log("spool", "%d bytes from before the reset still to deliver" % self.spool.pending())
+        if self.safe_mode:
+            self.log("boot", "SAFE MODE after %d crash resets: uplink, relay, NTP, discovery off" % self.crashes)
         self.emit(
             protocol.BOOT,
             {
                 "reset_cause": self.reset_cause,
                 "boot_count": self.boot_count,
+                "crashes": self.crashes,
+                "safe_mode": self.safe_mode,
                 "mains": present,
                 "board": self.board.name,
             },
@@ -153,13 +355,18 @@ class Sentinel:
             # Booted on battery (a reboot mid-outage): the bridge must still hear it.
             self.emit(protocol.MAINS_LOST, {"debounce_ms": self.mains.debounce, "at_boot": True})
         tasks = [
-            asyncio.create_task(self.mains.run()),
-            asyncio.create_task(self._supervise()),
-            asyncio.create_task(self.board.net_task(self.cfg["wlan"], self.log)),
-            asyncio.create_task(self.mqtt.run()),
-            asyncio.create_task(self._heartbeat()),
+            self.mains.run(),
+            self._supervise(),
+            self.board.net_task(self.cfg["wlan"], self.log),
+            self.mqtt.run(),
+            self._heartbeat(),
+            self._policy(),
         ]
-        await asyncio.gather(*tasks)
+        if self.battery:
+            tasks.append(self.battery.run())
+        if self.uplink:
+            tasks.append(self.uplink.run())
+        await asyncio.gather(*[asyncio.create_task(t) for t in tasks])
 
 
 def run(board):
@@ -168,8 +375,12 @@ def run(board):
     try:
         cfg = config.load(board.config_path)
     except config.ConfigError as e:
-        print("# config error:", e)
+        board.console("# config error: %s" % e)
         board.halt("config error: %s" % e)
         return
+    # The validator's tables are needed once; the heap is not (the local name holds it too).
+    del sys.modules["config"]
+    del config
+    gc.collect()
     board.configure(cfg)
     asyncio.run(Sentinel(board, cfg).main())

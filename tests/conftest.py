@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from holdover.board.emulator import firmware_dir, micropython_binary
 from holdover.lab.rig import Rig
@@ -53,6 +57,48 @@ def rig_factory(tmp_path: Path) -> Iterator:
     yield make
     for r in rigs:
         r.close()
+
+
+class Listener:
+    """A paho subscriber that records (topic, payload, retained) as it arrives."""
+
+    def __init__(self, rig: Rig, topics: list[str], client_id: str = "", persistent: bool = False) -> None:
+        self.q: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
+        kw = {"client_id": client_id, "clean_session": False} if persistent else {}
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, **kw)
+        self.topics = topics
+        self.subscribed = threading.Event()
+        self.session_present: bool | None = None
+        self.c.on_connect = self._on_connect
+        self.c.on_subscribe = lambda *_: self.subscribed.set()
+        self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
+        self.c.reconnect_delay_set(0.2, 1)
+        self.c.connect(rig.broker.host, rig.broker.port)
+        self.c.loop_start()
+
+    def _on_connect(self, c: paho.Client, _u: object, flags: paho.ConnectFlags, *_: object) -> None:
+        self.session_present = flags.session_present
+        # A persistent listener never subscribes again: what it hears after a reconnect is what the
+        # broker kept for its session, so a broker that loses sessions makes the test fail.
+        if not flags.session_present:
+            c.subscribe([(t, 1) for t in self.topics])
+
+    def next(self, timeout: float, match=lambda t, p, r: True) -> tuple[str, bytes, bool]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("nothing matching arrived")
+            try:
+                item = self.q.get(timeout=left)
+            except queue.Empty:
+                continue
+            if match(*item):
+                return item
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
 
 
 # --- a protected training run (holdover.train.toy) as a child process -------------------------

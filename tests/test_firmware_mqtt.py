@@ -2,59 +2,15 @@
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from conftest import run_micropython, wait_for
+from conftest import Listener, run_micropython, wait_for
 from holdover.firmware import protocol
 from holdover.lab.rig import Rig
-
-
-class Listener:
-    """A paho subscriber that records (topic, payload, retained) as it arrives."""
-
-    def __init__(self, rig: Rig, topics: list[str], client_id: str = "", persistent: bool = False) -> None:
-        self.q: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
-        kw = {"client_id": client_id, "clean_session": False} if persistent else {}
-        self.c = paho.Client(CallbackAPIVersion.VERSION2, **kw)
-        self.topics = topics
-        self.subscribed = threading.Event()
-        self.session_present: bool | None = None
-        self.c.on_connect = self._on_connect
-        self.c.on_subscribe = lambda *_: self.subscribed.set()
-        self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
-        self.c.reconnect_delay_set(0.2, 1)
-        self.c.connect(rig.broker.host, rig.broker.port)
-        self.c.loop_start()
-
-    def _on_connect(self, c: paho.Client, _u: object, flags: paho.ConnectFlags, *_: object) -> None:
-        self.session_present = flags.session_present
-        # A persistent listener never subscribes again: what it hears after a reconnect is what the
-        # broker kept for its session, so a broker that loses sessions makes the test fail.
-        if not flags.session_present:
-            c.subscribe([(t, 1) for t in self.topics])
-
-    def next(self, timeout: float, match=lambda t, p, r: True) -> tuple[str, bytes, bool]:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("nothing matching arrived")
-            try:
-                item = self.q.get(timeout=left)
-            except queue.Empty:
-                continue
-            if match(*item):
-                return item
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 def _event_kind(rig: Rig, payload: bytes) -> str:
@@ -147,7 +103,15 @@ def test_the_test_broker_keeps_a_session_across_its_restart(rig_factory) -> None
 
 
 def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
-    rig = rig_factory(bridge=False)
+    # Every feature on: battery, relay, three probe targets, discovery, NTP.
+    targets = [{"kind": "tcp", "host": "127.0.0.1", "port": 9}, {"kind": "dns", "host": "127.0.0.1", "port": 9}]
+    fw = {
+        "battery": {"pin": 34},
+        "relay": {"pin": 26},
+        "uplink": {"targets": [*targets, {"kind": "tcp", "host": "127.0.0.1", "port": 10}]},
+        "ntp": {"host": "127.0.0.1", "port": 9},
+    }
+    rig = rig_factory(bridge=False, firmware=fw)
     for _ in range(5):
         rig.control.send(mains=False)
         time.sleep(0.4)
@@ -157,7 +121,10 @@ def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
     total = mem["free"] + mem["alloc"]
     assert total <= 110 * 1024
     assert 0 < mem["hwm"] < total
-    assert mem["free"] > 40 * 1024, mem  # after a collection, the working set leaves room for WiFi buffers
+    # After a collection, room for a burst of events and a reconnect. The module bytecode (~60 KB
+    # here) is in this heap too, and the unix port's objects are twice an ESP32's size; see
+    # docs/hardware-testing.md and bench/firmware_soak.py for the figures.
+    assert mem["free"] > 20 * 1024, mem
 
 
 def test_bad_control_commands_get_an_error_naming_the_problem(rig_factory) -> None:
@@ -167,7 +134,7 @@ def test_bad_control_commands_get_an_error_naming_the_problem(rig_factory) -> No
         (b'{"mains": "yes"}', "mains: expected true or false"),
         (b'{"battery_v": -1}', "battery_v"),
         (b'{"teleport": 1}', "unknown command"),
-        (b'{"get": "secrets"}', "get: expected state, world, adc or mem"),
+        (b'{"get": "secrets"}', "get: expected state, world, adc, mem or relay"),
         (b'{"mains": false, "wlan": false}', "exactly one key"),
     ]:
         reply = rig.control.raw(line)
@@ -186,21 +153,24 @@ def test_emulated_adc_sees_the_battery_through_the_divider(rig_factory) -> None:
     ("cfg", "message"),
     [
         ('{"key": "0123456789abcdef", "mqtt": {"host": "1.2.3.4"}, "mains": {"pin": 4}}', "sentinel_id: required"),
-        ('{"sentinel_id": "s", "key": "short", "mqtt": {"host": "h"}, "mains": {"pin": 4}}', "key: must be at least"),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h", "port": 70000}, "mains": {"pin": 4}}',
+            '{"sentinel_id": "s", "key": "short", "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}}',
+            "key: must be at least",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "10.0.0.2", "port": 70000}, "mains": {"pin": 4}}',
             "mqtt.port: must be in 1..65535",
         ),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h"}, "mains": {"pin": 4, "mode": "ac"}}',
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4, "mode": "ac"}}',
             "mains.mode: must be one of",
         ),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h"}, "mains": {"pin": 4}, "x": 1}',
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}, "x": 1}',
             "x: unknown key",
         ),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "h"}, "mains": {"pin": true}}',
+            '{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": true}}',
             "mains.pin: must be an integer",
         ),
         ("{not json", "not valid JSON"),

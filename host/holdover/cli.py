@@ -50,7 +50,10 @@ def emu(
     control: str = typer.Option("127.0.0.1:7300", help="HOST:PORT of the JSON-lines control port."),
     heap: str = typer.Option("110K", help="MicroPython heap size; 110K is an ESP32-WROOM with WiFi up."),
     state: Path | None = typer.Option(
-        None, help="Directory for the board's NVS and physical world (default: a temporary one)."
+        None, help="Directory for the board's NVS, spool and physical world (default: a temporary one)."
+    ),
+    serial: str | None = typer.Option(
+        None, help="HOST:PORT where the board's USB serial port listens; open it as socket://HOST:PORT."
     ),
 ) -> None:
     """Run the unchanged firmware in the MicroPython unix port on the emulated board."""
@@ -64,7 +67,13 @@ def emu(
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGHUP, interrupted)
     try:
-        emulator = Emulator(config, parse_hostport(control), heap=heap, state_dir=state)
+        emulator = Emulator(
+            config,
+            parse_hostport(control),
+            heap=heap,
+            state_dir=state,
+            serial=parse_hostport(serial) if serial else None,
+        )
         rc = emulator.run()
     except EmulatorError as e:
         typer.echo(f"holdover: {e}", err=True)

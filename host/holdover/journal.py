@@ -177,6 +177,11 @@ class Journal:
             body["data"],
         )
 
+    def event_source(self, sid: str, boot: str, seq: int) -> str | None:
+        """The channel an already journaled event first came by, or None."""
+        row = self.db.execute("SELECT source FROM events WHERE sid=? AND boot=? AND seq=?", (sid, boot, seq)).fetchone()
+        return row[0] if row else None
+
     def reject(self, source: str, topic: str | None, reason: str, detail: str, payload: bytes | None) -> None:
         self.db.execute(
             "INSERT INTO rejections (rx_ts, source, topic, reason, detail, payload) VALUES (?,?,?,?,?,?)",

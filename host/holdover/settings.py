@@ -28,6 +28,16 @@ class MqttSettings(_Strict):
     password: str = ""
     client_id: str = "holdover-bridge"
     keepalive: int = Field(30, ge=5, le=3600)
+    ha_commands: bool = Field(
+        True, description="forward Home Assistant's ON/OFF on holdover/<id>/relay/set as signed commands"
+    )
+
+
+class SerialSettings(_Strict):
+    """A sentinel's USB serial port: /dev/ttyUSB0, /dev/serial/by-id/..., or socket://HOST:PORT (the emulator)."""
+
+    url: str = Field(min_length=1)
+    baud: int = Field(115200, ge=300, le=4000000)
 
 
 class JournalSettings(_Strict):
@@ -118,6 +128,7 @@ class Settings(_Strict):
     mqtt: MqttSettings = MqttSettings()
     journal: JournalSettings = JournalSettings()
     sentinels: list[SentinelSettings] = Field(default_factory=list)
+    serial: list[SerialSettings] = Field(default_factory=list)
     hooks: list[HookSettings] = Field(default_factory=list)
     protect: ProtectSettings = ProtectSettings()
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import holdover.firmware
 from holdover import proc
+from holdover.board import mpy_build
 
 EXIT_CONFIG = 2  # these three mirror firmware/board_emu.py
 EXIT_RESET = 42
@@ -60,9 +61,13 @@ class Emulator:
         heap: str = "110K",
         state_dir: Path | None = None,
         on_line: Callable[[str], None] | None = None,
+        serial: tuple[str, int] | None = None,
+        reset_cause: str = "power_on",
     ) -> None:
         self.config = Path(config)
         self.control = control
+        self.serial = serial
+        self.first_cause = reset_cause
         self.heap = heap
         self._own_state = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="holdover-emu-"))
@@ -70,13 +75,17 @@ class Emulator:
         self.proc: subprocess.Popen[str] | None = None
         self.boots = 0
         self._stopping = False
+        try:
+            self.build = mpy_build.build()
+        except mpy_build.BuildError as e:
+            raise EmulatorError(str(e)) from None
 
     def _argv(self, cause: str) -> list[str]:
         return [
             micropython_binary(),
             "-X",
             f"heapsize={self.heap}",
-            str(firmware_dir() / "emu_main.py"),
+            str(self.build / "emu_main.py"),
             "--config",
             str(self.config.resolve()),
             "--control",
@@ -85,13 +94,14 @@ class Emulator:
             str(self.state_dir),
             "--reset-cause",
             cause,
+            *(["--serial", f"{self.serial[0]}:{self.serial[1]}"] if self.serial else []),
         ]
 
     def run(self) -> int:
         """Run until the firmware stops for good; returns the interpreter's exit code."""
         # The frozen modules (asyncio among them) are found through ".frozen".
-        env = dict(os.environ, MICROPYPATH=f"{firmware_dir()}:.frozen")
-        cause = "power_on"
+        env = dict(os.environ, MICROPYPATH=f"{self.build}:.frozen")
+        cause = self.first_cause
         while True:
             self.boots += 1
             self.proc = proc.spawn(

@@ -29,6 +29,8 @@ class Verdict:
     event: Event | None = None  # set for an accepted event
     state: dict[str, Any] | None = None  # set for an accepted state snapshot
     status: str | None = None  # set for an accepted status message
+    ack: dict[str, Any] | None = None  # set for an accepted command answer
+    relay_set: bool | None = None  # set for a Home Assistant switch command (unsigned; forwarded signed)
     reason: str | None = None
     detail: str = ""
 
@@ -38,6 +40,7 @@ class Gate:
     keys: dict[str, bytes]
     journal: Journal
     _signers: dict[str, protocol.Signer] = field(default_factory=dict)
+    _state_via: dict[str, str] = field(default_factory=dict)  # the channel the held snapshot came by
 
     def __post_init__(self) -> None:
         self._signers = {sid: protocol.Signer(k) for sid, k in self.keys.items()}
@@ -61,7 +64,7 @@ class Gate:
                 sid = protocol.peek_sid(payload)
             except protocol.ProtocolError as e:
                 return self._reject(source, None, payload, e.reason, e.detail)
-            return self._signed(source, None, payload, sid, protocol.EVENT, retained=False)
+            return self._signed(source, None, payload, sid, None, retained=False)
         except Exception as e:
             log.exception("internal error on a line from %s", source)
             return self._reject(source, None, payload, INTERNAL, repr(e))
@@ -79,16 +82,39 @@ class Gate:
             status = payload.decode()
             self.journal.set_status(sid, status)
             return Verdict(True, leaf=leaf, sid=sid, status=status)
-        if leaf in (protocol.EVENT, protocol.STATE):
+        if leaf in (protocol.EVENT, protocol.STATE, protocol.CMD_ACK):
             return self._signed("mqtt", topic, payload, sid, leaf, retained)
+        if leaf == protocol.RELAY_SET:
+            return self._relay_set(topic, payload, sid, retained)
         return self._reject("mqtt", topic, payload, protocol.SCHEMA, f"bridge does not take {leaf}", sid=sid)
 
-    def _signed(self, source: str, topic: str | None, payload: bytes, sid: str, leaf: str, retained: bool) -> Verdict:
+    def _relay_set(self, topic: str, payload: bytes, sid: str, retained: bool) -> Verdict:
+        # Home Assistant cannot sign, so this topic is only as trusted as the broker's ACL on it.
+        if sid not in self._signers:
+            return self._reject("mqtt", topic, payload, protocol.UNKNOWN_SENTINEL, f"no key for {sid!r}", sid=sid)
+        if retained:
+            return self._reject(
+                "mqtt", topic, payload, protocol.RETAINED, "a switch command must not be retained", sid=sid
+            )
+        word = payload.strip().upper()
+        if word not in (b"ON", b"OFF"):
+            return self._reject("mqtt", topic, payload, protocol.MALFORMED, "relay/set takes ON or OFF", sid=sid)
+        return Verdict(True, leaf=protocol.RELAY_SET, sid=sid, relay_set=word == b"ON")
+
+    def _signed(
+        self, source: str, topic: str | None, payload: bytes, sid: str, leaf: str | None, retained: bool
+    ) -> Verdict:
         try:
             body = protocol.open_envelope(payload, self._signers.get(sid), sid)
         except protocol.ProtocolError as e:
             return self._reject(source, topic, payload, e.reason, e.detail, sid=sid, leaf=leaf)
         kind = body["kind"]
+        if leaf is None:  # a serial line has no topic: its kind says what it is
+            leaf = {protocol.STATE_KIND: protocol.STATE, protocol.ACK_KIND: protocol.CMD_ACK}.get(kind, protocol.EVENT)
+        if leaf == protocol.CMD_ACK:
+            if kind != protocol.ACK_KIND:
+                return self._reject(source, topic, payload, WRONG_KIND, f"{kind} on the ack topic", sid=sid)
+            return Verdict(True, leaf=leaf, sid=sid, ack=body)
         if leaf == protocol.STATE:
             if kind != protocol.STATE_KIND:
                 return self._reject(source, topic, payload, WRONG_KIND, f"{kind} on the state topic", sid=sid)
@@ -100,6 +126,12 @@ class Gate:
             return self._reject(source, topic, payload, RETAINED_EVENT, f"{kind} seq {body['seq']}", sid=sid)
         event = self.journal.accept(source, body)
         if event is None:
+            first = self.journal.event_source(sid, body["boot"], body["seq"])
+            if first is not None and first != source:
+                # The same event by the other channel (serial and MQTT both carry every event): expected,
+                # so counted but not journaled as a rejection.
+                log.debug("%s seq %d from %s already came by %s", kind, body["seq"], source, first)
+                return Verdict(False, leaf=leaf, sid=sid, reason=protocol.DUPLICATE, detail=f"already via {first}")
             return self._reject(
                 source,
                 topic,
@@ -119,10 +151,14 @@ class Gate:
                 # The retained snapshot, delivered again on (re)subscribe: nothing new, nothing wrong.
                 return Verdict(True, leaf=protocol.STATE, sid=sid, state=None)
             if body["seq"] < prev["seq"]:
+                if self._state_via.get(sid, source) != source:
+                    # Overtaken by a newer one on the other channel: the two race, nothing is wrong.
+                    return Verdict(True, leaf=protocol.STATE, sid=sid, state=None)
                 return self._reject(
                     source, topic, payload, STALE_STATE, f"seq {body['seq']} < {prev['seq']} in boot {body['boot']}"
                 )
         elif prev and prev["state_ts"] and body["ts"] and body["ts"] < prev["state_ts"]:
             return self._reject(source, topic, payload, STALE_STATE, f"older than the snapshot held (ts {body['ts']})")
         self.journal.set_state(body)
+        self._state_via[sid] = source
         return Verdict(True, leaf=protocol.STATE, sid=sid, state=body)

@@ -15,15 +15,19 @@ from holdover.settings import MqttSettings
 
 log = logging.getLogger("holdover.mqtt")
 
-SUBSCRIPTIONS = [protocol.topic("+", leaf) for leaf in (protocol.STATUS, protocol.STATE, protocol.EVENT)]
+SUBSCRIPTIONS = [
+    protocol.topic("+", leaf)
+    for leaf in (protocol.STATUS, protocol.STATE, protocol.EVENT, protocol.CMD_ACK, protocol.RELAY_SET)
+]
 
 
 @dataclass(frozen=True)
 class Inbound:
-    topic: str
+    topic: str | None  # None for a serial line, which has no topic
     payload: bytes
     retained: bool
     rx: float
+    source: str = "mqtt"
 
 
 class MqttLink:
@@ -49,6 +53,10 @@ class MqttLink:
     def stop(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        # paho queues it while disconnected and sends it on reconnect (QoS 1).
+        self.client.publish(topic, payload, qos=1)
 
     # paho's thread from here on: hand everything to the loop, touch nothing else.
 

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from holdover.bridge import commands as command
 from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.hooks import HookRunner
 from holdover.bridge.mqtt_link import Inbound, MqttLink
+from holdover.bridge.serial_link import SerialLink
 from holdover.events import Reaction
+from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.rescue import Rescuer
 from holdover.settings import Settings
@@ -30,6 +33,8 @@ class SentinelView:
     last_event: str | None = None
     events: int = 0
     rejected: int = 0
+    duplicates: int = 0
+    last_ack: dict[str, Any] | None = None
 
 
 @dataclass
@@ -49,16 +54,27 @@ class Bridge:
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
         self._stop = asyncio.Event()
         self.link: MqttLink | None = None
+        self.serial: list[SerialLink] = []
 
     def view(self, sid: str) -> SentinelView:
         return self.sentinels.setdefault(sid, SentinelView(sid))
 
     def handle(self, item: Inbound) -> Verdict:
-        v = self.gate.mqtt(item.topic, item.payload, item.retained)
+        if item.topic is None:
+            v = self.gate.line(item.source, item.payload)
+        else:
+            v = self.gate.mqtt(item.topic, item.payload, item.retained)
         if v.sid is not None:
             view = self.view(v.sid)
-            if not v.accepted:
+            if v.reason == protocol.DUPLICATE:
+                view.duplicates += 1
+            elif not v.accepted:
                 view.rejected += 1
+            elif v.ack is not None:
+                view.last_ack = v.ack["data"]
+                log.info("ack from %s: %s", v.sid, v.ack["data"])
+            elif v.relay_set is not None:
+                self._relay_set(v.sid, v.relay_set)
             elif v.status is not None:
                 view.status = v.status
             elif v.state is not None:
@@ -79,6 +95,28 @@ class Bridge:
             except Exception:  # one broken reaction must not keep the event from the others
                 log.exception("reaction %s failed on %s from %s", type(r).__name__, event.kind, event.sid)
 
+    def send_command(self, sid: str, op: str, ms: int = 0) -> str:
+        """Sign and send a relay command for the sentinel's current boot; returns its id (the ack carries it)."""
+        held = self.journal.sentinel(sid)
+        if held is None or not held["boot"]:
+            raise command.CommandError(f"{sid}: no state heard yet, so its boot is unknown")
+        payload, cid = command.build(self.settings.keys()[sid], sid, held["boot"], op, ms)
+        if self.link is not None and self.link.connected.is_set():
+            self.link.publish(protocol.topic(sid, protocol.CMD), payload)
+        elif not any(s.write(payload) for s in self.serial):
+            raise command.CommandError(f"{sid}: neither the broker nor a serial port is reachable")
+        return cid
+
+    def _relay_set(self, sid: str, on: bool) -> None:
+        if not self.settings.mqtt.ha_commands:
+            log.warning("relay/set for %s ignored: mqtt.ha_commands is off", sid)
+            return
+        try:
+            cid = self.send_command(sid, protocol.OP_ON if on else protocol.OP_OFF)
+            log.info("Home Assistant: relay %s for %s (command %s)", "on" if on else "off", sid, cid)
+        except command.CommandError as e:
+            log.warning("Home Assistant relay/set not forwarded: %s", e)
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -90,6 +128,10 @@ class Bridge:
                 loop.add_signal_handler(sig, self.stop)
         self.link = MqttLink(self.settings.mqtt, self.queue, loop)
         self.link.start()
+        for sc in self.settings.serial:
+            link = SerialLink(sc.url, sc.baud, self.queue, loop)
+            link.start()
+            self.serial.append(link)
         for r in self.reactions:
             r.start()
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
@@ -105,6 +147,8 @@ class Bridge:
         finally:
             stopper.cancel()
             self.link.stop()
+            for s in self.serial:
+                s.stop()
             # An unfinished rescue stays 'active' in the journal; the next bridge resumes it.
             for r in reversed(self.reactions):
                 await r.close()

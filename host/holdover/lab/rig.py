@@ -43,6 +43,9 @@ class Rig:
         heap: str = "110K",
         hooks: list[dict[str, Any]] | None = None,
         protect: dict[str, Any] | None = None,
+        firmware: dict[str, Any] | None = None,
+        serial: bool = False,
+        reset_cause: str = "power_on",
         on_line: Callable[[str], None] | None = None,
         on_seen: Callable[[Seen], None] | None = None,
     ) -> None:
@@ -57,6 +60,9 @@ class Rig:
         self.heap = heap
         self.hooks = hooks or []
         self.protect = protect
+        self.reset_cause = reset_cause
+        self.firmware_extra = firmware or {}  # sections merged over the defaults below
+        self.serial_addr = ("127.0.0.1", free_port()) if serial else None
         self.on_line = on_line or (lambda line: None)
         self.on_seen = on_seen or (lambda s: None)
         self.seen: list[Seen] = []
@@ -71,22 +77,31 @@ class Rig:
     # --- configuration, as a user would write it -----------------------------------------
 
     def firmware_config(self) -> dict[str, Any]:
-        return {
+        cfg: dict[str, Any] = {
             "sentinel_id": self.sid,
             "key": self.key,
             "mqtt": {"host": self.broker.host, "port": self.broker.port, "keepalive_s": self.keepalive_s},
             "mains": {"pin": 27, "mode": self.mode, "active_low": True, "debounce_ms": self.debounce_ms},
             "heartbeat_s": self.heartbeat_s,
         }
+        for k, v in self.firmware_extra.items():
+            cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+        return cfg
 
     def bridge_config(self) -> dict[str, Any]:
         return {
             "mqtt": {"host": self.broker.host, "port": self.broker.port, "client_id": f"holdover-bridge-{self.sid}"},
             "journal": {"path": str(self.dir / "journal.db")},
             "sentinels": [{"id": self.sid, "key": self.key}],
+            "serial": [{"url": self.serial_url}] if self.serial_addr else [],
             "hooks": self.hooks,
             **({"protect": self.protect} if self.protect is not None else {}),
         }
+
+    @property
+    def serial_url(self) -> str:
+        assert self.serial_addr is not None
+        return f"socket://{self.serial_addr[0]}:{self.serial_addr[1]}"
 
     def write_configs(self) -> tuple[Path, Path]:
         fw = self.dir / "config.json"
@@ -110,7 +125,13 @@ class Rig:
     def start_emulator(self) -> None:
         fw = self.dir / "config.json"
         self.emulator = Emulator(
-            fw, self.control_addr, heap=self.heap, state_dir=self.dir / "board", on_line=self._line
+            fw,
+            self.control_addr,
+            heap=self.heap,
+            state_dir=self.dir / "board",
+            on_line=self._line,
+            serial=self.serial_addr,
+            reset_cause=self.reset_cause,
         )
         self.emulator.start_thread()
         self.control.connect()
@@ -148,7 +169,10 @@ class Rig:
     def _verdict(self, v: Verdict) -> None:
         now = time.monotonic()
         if v.event is not None:
-            self._add(Seen(now, v.event.kind, {"seq": v.event.seq, "data": v.event.data, "boot": v.event.boot}))
+            info = {"seq": v.event.seq, "data": v.event.data, "boot": v.event.boot, "source": v.event.source}
+            self._add(Seen(now, v.event.kind, info))
+        elif v.ack is not None:
+            self._add(Seen(now, "ack", v.ack["data"]))
         elif not v.accepted:
             self._add(Seen(now, f"rejected:{v.reason}", {"detail": v.detail}))
         elif v.status is not None:

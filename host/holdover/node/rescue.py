@@ -47,6 +47,14 @@ def runtime_of(event: Event, default: float) -> float:
     return float(v) if isinstance(v, int | float) and v > 0 else default
 
 
+def raised_at(event: Event) -> float:
+    """When the sentinel raised the event: an event delivered late from its offline queue has been
+    using up the battery since then. The sentinel's clock is trusted only when it is plausible."""
+    if event.ts is not None and 0 <= event.rx_ts - event.ts < 3600:
+        return float(event.ts)
+    return event.rx_ts
+
+
 class Rescuer:
     def __init__(
         self, settings: ProtectSettings, journal: Journal, on_alert: Callable[[str, str, str], None] | None = None
@@ -71,8 +79,12 @@ class Rescuer:
             return
         if event.kind not in events.RESCUE_TRIGGERS:
             return
+        if event.kind != protocol.MAINS_LOST and event.data.get("on_battery") is False:
+            # A weak battery while mains is up is a maintenance alert, not an emergency.
+            log.info("%s from %s while on mains: no emergency checkpoint", event.kind, event.sid)
+            return
         critical = event.kind == protocol.BATTERY_CRITICAL
-        deadline = event.rx_ts + runtime_of(event, self.s.runtime_default) - self.s.margin
+        deadline = raised_at(event) + runtime_of(event, self.s.runtime_default) - self.s.margin
         if self._active:
             # Already saving: a later, worse estimate shortens the deadline; critical arms the final command.
             for rid in self._active:

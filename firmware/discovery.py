@@ -1,0 +1,44 @@
+# Home Assistant MQTT discovery: retained config messages that point at the retained state.
+#
+# Imported when a connection comes up and dropped again afterwards (sentinel.py), so its
+# bytecode does not sit in the heap between connects.
+import json
+
+import protocol
+
+_ENTITIES = (
+    # component, object id, name, template on the state body's data, extra fields
+    ("binary_sensor", "mains", "Mains", "'ON' if d.mains else 'OFF'", {"dev_cla": "power"}),
+    ("binary_sensor", "uplink", "Uplink", "'OFF' if d.uplink == 'down' else 'ON'", {"dev_cla": "connectivity"}),
+    ("sensor", "battery_v", "Battery voltage", "d.battery_v", {"dev_cla": "voltage", "unit_of_meas": "V"}),
+    ("sensor", "battery_pct", "Battery", "d.battery_pct", {"dev_cla": "battery", "unit_of_meas": "%"}),
+    ("sensor", "runtime", "Runtime left", "d.runtime_s", {"dev_cla": "duration", "unit_of_meas": "s"}),
+    ("switch", "relay", "Relay", "'ON' if d.relay else 'OFF'", {}),
+)
+
+
+def messages(cfg, sid, board_name):
+    """(topic, payload) for every entity this sentinel has, one at a time."""
+    prefix = cfg["ha"]["prefix"]
+    node = "holdover_" + sid
+    device = {"ids": [node], "name": "holdover " + sid, "mf": "holdover", "mdl": board_name}
+    for comp, oid, name, tpl, extra in _ENTITIES:
+        if (oid.startswith("battery") or oid == "runtime") and cfg["battery"]["pin"] < 0:
+            continue
+        if oid == "relay" and cfg["relay"]["pin"] < 0:
+            continue
+        if oid == "uplink" and not cfg["uplink"]["targets"]:
+            continue
+        c = {
+            "name": name,
+            "uniq_id": node + "_" + oid,
+            "stat_t": protocol.topic(sid, protocol.STATE),
+            "val_tpl": "{% set d = value_json.body.data %}{{ " + tpl + " }}",
+            "avty_t": protocol.topic(sid, protocol.STATUS),
+            "dev": device,
+        }
+        if comp == "switch":
+            # HA cannot sign; the bridge turns ON/OFF here into a signed command (docs/protocol.md).
+            c["cmd_t"] = protocol.topic(sid, protocol.RELAY_SET)
+        c.update(extra)
+        yield "%s/%s/%s/%s/config" % (prefix, comp, node, oid), json.dumps(c)
