@@ -44,14 +44,7 @@ def wait_lines(path: Path, n: int, timeout: float) -> list[str]:
     raise TimeoutError(f"hook did not run ({n} expected)")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cuts", type=int, default=50)
-    ap.add_argument("--debounce-ms", type=int, default=300)
-    ap.add_argument("--mode", choices=["pulse", "level"], default="pulse")
-    ap.add_argument("--heap", default="110K")
-    args = ap.parse_args()
-
+def run_case(args: argparse.Namespace, ghost_hz: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="holdover-bench-") as tmp:
         stamps = Path(tmp) / "stamps.txt"
         hook = f"exec bash -c 'echo $EPOCHREALTIME $HOLDOVER_EVENT >> {stamps}'"
@@ -65,6 +58,8 @@ def main() -> int:
         rig.start()
         try:
             rig.wait("boot", timeout=20)
+            if ghost_hz:
+                rig.control.send(ghost_hz=ghost_hz)
             latencies: list[float] = []
             rng = random.Random(7)
             for i in range(args.cuts):
@@ -81,23 +76,43 @@ def main() -> int:
             state = rig.control.send(get="state")["state"]
         finally:
             rig.close()
+    return {"latencies": latencies, "mem": mem, "state": state}
 
-    p50, p95, p99 = (percentile(latencies, p) for p in (50, 95, 99))
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cuts", type=int, default=50)
+    ap.add_argument("--debounce-ms", type=int, default=300)
+    ap.add_argument("--mode", choices=["pulse", "level"], default="pulse")
+    ap.add_argument("--heap", default="110K")
+    ap.add_argument(
+        "--ghost-hz",
+        default="0,5",
+        help="comma-separated ghost edge rates to run, one case each (5 Hz: GPIO36/39 with WiFi on)",
+    )
+    args = ap.parse_args()
     goal = args.debounce_ms + 50
-    total = mem["free"] + mem["alloc"]
-    print(f"alert latency, {args.cuts} power cuts, mains input '{args.mode}', heap {args.heap}")
-    print(f"  debounce (configured)   {args.debounce_ms} ms")
-    print(f"  p50                     {p50:.1f} ms")
-    print(f"  p95                     {p95:.1f} ms")
-    print(f"  p99                     {p99:.1f} ms   (goal <= {goal} ms: {'met' if p99 <= goal else 'MISSED'})")
-    print(f"  min / max               {min(latencies):.1f} / {max(latencies):.1f} ms")
-    print(f"  over the debounce, p99  {p99 - args.debounce_ms:.1f} ms")
-    print(f"  mean                    {statistics.fmean(latencies):.1f} ms")
-    print(f"  GC heap high-water      {mem['hwm']} of {total} bytes ({100 * mem['hwm'] / total:.0f}%)")
-    print(f"  heap free after collect {mem['free']} bytes")
-    print(f"  sub-debounce glitches   {state['glitches']}")
+    ok = True
+    for ghost_hz in (float(x) for x in args.ghost_hz.split(",")):
+        r = run_case(args, ghost_hz)
+        latencies, mem, state = r["latencies"], r["mem"], r["state"]
+        p50, p95, p99 = (percentile(latencies, p) for p in (50, 95, 99))
+        total = mem["free"] + mem["alloc"]
+        ok &= p99 <= goal
+        print(f"alert latency, {args.cuts} power cuts, mains input '{args.mode}', ghost edges {ghost_hz:g} Hz")
+        print(f"  debounce (configured)   {args.debounce_ms} ms")
+        print(f"  p50                     {p50:.1f} ms")
+        print(f"  p95                     {p95:.1f} ms")
+        print(f"  p99                     {p99:.1f} ms   (goal <= {goal} ms: {'met' if p99 <= goal else 'MISSED'})")
+        print(f"  min / max               {min(latencies):.1f} / {max(latencies):.1f} ms")
+        print(f"  over the debounce, p99  {p99 - args.debounce_ms:.1f} ms")
+        print(f"  mean                    {statistics.fmean(latencies):.1f} ms")
+        # The unix port is a 64-bit build (8-byte words, 32-byte GC blocks against 4 and 16 on the
+        # ESP32): these heap figures show trends between runs here, they do not predict the chip.
+        print(f"  GC heap high-water      {mem['hwm']} of {total} bytes (64-bit unix port: not the chip's figure)")
+        print(f"  sub-debounce glitches   {state['glitches']}")
     print("  for scale: NUT upsmon POLLFREQ default 5000 ms (mean 2500 ms added before detection)")
-    return 0 if p99 <= goal else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

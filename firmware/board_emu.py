@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from random import getrandbits
 
 EXIT_CONFIG = 2
 EXIT_RESET = 42
@@ -292,6 +293,22 @@ class Board:
                 pin.handler(pin)
             await asyncio.sleep_ms(HALF_CYCLE_MS)
 
+    async def _ghosts(self):
+        c = self._mains_cfg
+        pin = self._inputs.get(c["pin"]) if c else None
+        if pin is None or c["mode"] != "pulse":
+            return
+        while True:
+            hz = self.world.get("ghost_hz") or 0
+            if not hz:
+                await asyncio.sleep_ms(50)
+                continue
+            # Irregular, as interference is: each gap 50..150 % of the mean.
+            mean = 1000 / hz
+            await asyncio.sleep_ms(int(mean * (0.5 + getrandbits(8) / 255)))
+            if (self.world.get("ghost_hz") or 0) and pin.handler is not None:
+                pin.handler(pin)
+
     async def _watchdog(self):
         while True:
             await asyncio.sleep_ms(200)
@@ -325,6 +342,13 @@ class Board:
         if k in ("mains", "wlan"):
             if not isinstance(v, bool):
                 return {"ok": False, "error": "%s: expected true or false" % k}
+            self._set(k, v)
+            # The firmware's own clock at the change, so a test can time what follows on the board.
+            return {"ok": True, k: v, "uptime_ms": self.app.uptime_ms() if self.app else None}
+        if k == "ghost_hz":
+            # Spurious edges on the mains pin, as GPIO36/39 see with WiFi on: with or without mains.
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 200:
+                return {"ok": False, "error": "ghost_hz: expected edges per second 0..200"}
             self._set(k, v)
             return {"ok": True, k: v}
         if k == "battery_v":
@@ -449,7 +473,11 @@ class Board:
         self.app = app
         host, port = self.control
         await asyncio.start_server(self._client, host, port)
-        self._tasks = [asyncio.create_task(self._pulses()), asyncio.create_task(self._watchdog())]
+        self._tasks = [
+            asyncio.create_task(self._pulses()),
+            asyncio.create_task(self._ghosts()),
+            asyncio.create_task(self._watchdog()),
+        ]
         print("# emu: control on %s:%d" % (host, port))
         if self.serial:
             await asyncio.start_server(self._serial_client, self.serial[0], self.serial[1])

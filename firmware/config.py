@@ -107,8 +107,12 @@ SPEC = {
         "active_low": (bool, True, None),
         # Mains must be continuously absent (or present) this long before the state flips.
         "debounce_ms": (int, 300, _rng(0, 60000)),
-        # Pulse mode: mains is present while the last edge is younger than this (>1 cycle at 50 Hz).
-        "pulse_gap_ms": (int, 30, _rng(12, 1000)),
+        # Pulse mode: an edge is mains when it closes a run of `pulse_edges` edges, each within
+        # `pulse_gap_ms` of the one before (50 to 120 edges/s from a half- or full-wave opto);
+        # mains is present while the newest such edge is younger than the gap. Ghost edges (a
+        # few to 20 a second with WiFi on, worst on GPIO36/39) never make such a run.
+        "pulse_edges": (int, 4, _rng(2, 32)),
+        "pulse_gap_ms": (int, 25, _rng(12, 1000)),
         "sample_ms": (int, 5, _rng(1, 100)),
         # false when the opto module has its own pull-up (needed on GPIO 34-39, which have none)
         "pull_up": (bool, True, None),

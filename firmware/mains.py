@@ -1,9 +1,13 @@
 # Mains presence, debounced, from either a level input or an AC optocoupler's pulse train.
 #
-# An AC opto module pulls its output low on every mains half-cycle, so "present" cannot be
-# read as a level: it means an edge was seen within the last pulse_gap_ms. A loss is timed
-# from the last edge, so the event fires debounce_ms after mains actually went, not after
-# the gap detector caught up. Flickers shorter than the debounce are counted, not raised.
+# An AC opto module pulls its output low on every mains half-cycle (or every cycle), so
+# "present" cannot be read as a level. Nor is "an edge was seen lately" enough: with WiFi on,
+# GPIO36/39 and noisy wiring see ghost edges, a few to 20 a second, and one ghost per debounce
+# period would hold off mains_lost forever. An edge counts as mains only when it closes a run
+# of `pulse_edges` edges each within `pulse_gap_ms` of the last: a rate that mains has and
+# ghosts do not. Mains is present while the newest such edge is younger than the gap, and a
+# loss is timed from it (not from a later ghost), so the event fires debounce_ms after mains
+# went. Flickers shorter than the debounce are counted, not raised.
 
 
 class MainsWatch:
@@ -12,11 +16,15 @@ class MainsWatch:
         self.level = cfg["mode"] == "level"
         self.active_low = cfg["active_low"]
         self.debounce = cfg["debounce_ms"]
+        self.k = cfg["pulse_edges"]
         self.gap = cfg["pulse_gap_ms"]
         self.sample = cfg["sample_ms"]
         self.on_change = on_change
-        self.pin = board.input(cfg["pin"], pull_up=self.active_low)
-        self._last_edge = None
+        self.pin = board.input(cfg["pin"], pull_up=self.active_low and cfg["pull_up"])
+        # Written by the interrupt; small ints only, so the handler never allocates.
+        self._prev = None  # the last edge of any kind
+        self._run = 0  # edges in a row, each within the gap of the one before
+        self._mains_edge = None  # the newest edge that closed a run: mains, not a ghost
         self.edges = 0
         self.glitches = 0
         self.present = None  # unknown until the first settle
@@ -28,22 +36,39 @@ class MainsWatch:
 
     def _edge(self, _pin):
         # Runs as a (soft) interrupt: no allocation beyond a small int.
-        self._last_edge = self.board.ticks_ms()
+        t = self.board.ticks_ms()
+        p = self._prev
+        if p is not None and self.board.ticks_diff(t, p) < self.gap:
+            if self._run < self.k:
+                self._run += 1
+        else:
+            self._run = 1
+        self._prev = t
+        if self._run >= self.k:
+            self._mains_edge = t
         self.edges += 1
 
     def raw(self, now):
         if self.level:
             v = self.pin.value()
             return v == 0 if self.active_low else v == 1
-        e = self._last_edge
+        e = self._mains_edge
         return e is not None and self.board.ticks_diff(now, e) < self.gap
 
     async def settle(self):
         """Read the initial state without raising anything: long enough to see a pulse."""
         import asyncio
 
-        await asyncio.sleep_ms(self.gap + 2 * self.sample)
-        now = self.board.ticks_ms()
+        # Absent only after the debounce with no run of mains edges: a board busy booting may
+        # take its first edges late, and "no mains at boot" starts an emergency checkpoint.
+        start = self.board.ticks_ms()
+        wait = self.debounce + self.k * self.gap + 2 * self.sample
+        while True:
+            await asyncio.sleep_ms(self.sample)
+            now = self.board.ticks_ms()
+            self.alive_ms = now
+            if self.raw(now) or self.board.ticks_diff(now, start) >= wait:
+                break
         self.present = self.raw(now)
         self.changed_ms = now
         return self.present
@@ -58,7 +83,7 @@ class MainsWatch:
                 self._cand = None
             return False
         if self._cand is None:
-            e = self._last_edge
+            e = self._mains_edge
             self._cand = e if (not r and not self.level and e is not None) else now
         if self.board.ticks_diff(now, self._cand) < self.debounce:
             return False

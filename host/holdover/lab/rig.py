@@ -169,7 +169,13 @@ class Rig:
     def _verdict(self, v: Verdict) -> None:
         now = time.monotonic()
         if v.event is not None:
-            info = {"seq": v.event.seq, "data": v.event.data, "boot": v.event.boot, "source": v.event.source}
+            info = {
+                "seq": v.event.seq,
+                "ms": v.event.ms,
+                "data": v.event.data,
+                "boot": v.event.boot,
+                "source": v.event.source,
+            }
             self._add(Seen(now, v.event.kind, info))
         elif v.ack is not None:
             self._add(Seen(now, "ack", v.ack["data"]))
