@@ -31,6 +31,7 @@ class MainsWatch:
         self.changed_ms = board.ticks_ms()
         self.alive_ms = self.changed_ms  # the watchdog supervisor checks this
         self._cand = None
+        self._resume_ms = None  # when the loop came back from its last stall
         if not self.level:
             self.pin.irq(self._edge)
 
@@ -75,6 +76,13 @@ class MainsWatch:
 
     def poll(self, now):
         """One sample; returns True when the debounced state flipped."""
+        if self.board.ticks_diff(now, self.alive_ms) > self.gap + self.sample:
+            # The loop was held up (a long GC, a slow flash write, a starved process in the
+            # emulator): interrupts were not handled either, so "no edges" during the stall
+            # proves nothing. Absence counts again from now; a real cut is reported that late.
+            self._resume_ms = now
+            if self.present:
+                self._cand = None  # a loss in progress starts again; a restore goes on
         self.alive_ms = now
         r = self.raw(now)
         if r == self.present:
@@ -84,7 +92,12 @@ class MainsWatch:
             return False
         if self._cand is None:
             e = self._mains_edge
-            self._cand = e if (not r and not self.level and e is not None) else now
+            if not r and not self.level and e is not None:
+                # Timed from the last mains edge, but never from before a stall.
+                r0 = self._resume_ms
+                self._cand = r0 if r0 is not None and self.board.ticks_diff(r0, e) > 0 else e
+            else:
+                self._cand = now
         if self.board.ticks_diff(now, self._cand) < self.debounce:
             return False
         held = self.board.ticks_diff(self._cand, self.changed_ms)

@@ -19,7 +19,8 @@ PINGREQ = 0xC0
 PINGRESP = 0xD0
 DISCONNECT = 0xE0
 
-MAX_IN = 4096  # a bigger incoming packet is refused; the heap cannot afford it
+MAX_IN = 2048  # a bigger incoming packet is read and thrown away; the heap cannot afford it
+_DISCARD = 256  # bytes read at a time while throwing a packet away
 INFLIGHT = 8  # unacknowledged QoS 1 publishes on the wire at once
 MAX_TRIES = 3  # unanswered sends of one message before the connection is declared dead
 
@@ -93,17 +94,28 @@ class Client:
         self._lock = asyncio.Lock()
         self._last_tx = 0
         self._last_rx = 0
+        self._last_ping = 0
+        self._session_ok = False  # this session reached CONNACK: the next reconnect starts fast
+        self.oversized = 0  # incoming packets thrown away for their size
+        self.sub_failed = []  # filters the broker refused (SUBACK 0x80)
+        self._sub_pids = {}  # SUBSCRIBE packet id -> filter, until its SUBACK
+        self._dropped_pid = None
+        self._reader_end = None
 
     # --- API used by the application; none of it awaits -----------------------------
 
     def publish(self, topic, payload, retain=False, qos=1, critical=False, first=False, span=None, on_ack=None):
         if retain:
-            # A retained topic only ever needs its newest value: replace one still unsent.
-            for m in self.outbox:
-                if m.topic == topic and m.retain and m.sent_ms is None:
-                    m.payload = payload
-                    self._kick.set()
-                    return m
+            # A retained topic only ever needs its newest value: replace one still unsent, and
+            # forget one sent but unacknowledged (into a dead link, say; its PUBACK, should it
+            # come, matches nothing). Otherwise a silent link piles up a state per event.
+            for m in list(self.outbox):
+                if m.topic == topic and m.retain:
+                    if m.sent_ms is None:
+                        m.payload = payload
+                        self._kick.set()
+                        return m
+                    self.outbox.remove(m)
         m = Message(topic, payload, retain, qos, critical)
         m.span = span
         m.on_ack = on_ack
@@ -144,12 +156,16 @@ class Client:
         backoff = self.backoff_min
         while True:
             if self.board.net_up():
+                self._session_ok = False
                 try:
                     await self._session()
-                    backoff = self.backoff_min
                 except Exception as e:  # any failure of one session just means: reconnect
                     self.log("mqtt", "session ended:", repr(e))
                 await self._close()
+                if self._session_ok:
+                    # The broker took us: this drop is news, not a pattern. Back off from the
+                    # start, or the fifth short radio cut would wait the longest backoff.
+                    backoff = self.backoff_min
             await asyncio.sleep_ms(backoff)
             backoff = min(backoff * 2, self.backoff_max)
 
@@ -164,11 +180,18 @@ class Client:
                 await asyncio.wait_for_ms(w.wait_closed(), 1000)
             except Exception:
                 pass
+        keep = []
         for m in self.outbox:
             # Unsent again: a new connection gives it a new packet id, so no stale PUBACK matches.
             m.sent_ms = None
             m.tries = 0
             m.pid = 0
+            if m.retain:
+                # A retained topic needs only its newest value: states sent into a dead link
+                # would otherwise pile up, one per event, in the heap.
+                keep = [k for k in keep if not (k.retain and k.topic == m.topic)]
+            keep.append(m)
+        self.outbox = keep
 
     async def _write(self, data):
         async with self._lock:
@@ -202,26 +225,34 @@ class Client:
             raise MQTTError("expected CONNACK, got 0x%02x" % kind)
         if body[1] != 0:
             raise MQTTError("broker refused connection, code %d" % body[1])
-        self._last_rx = ticks()
+        self._last_rx = self._last_ping = ticks()
+        self._session_ok = True
         self.connected = True
         self.connects += 1
         self.log("mqtt", "connected to %s:%d" % (self.host, self.port))
+        self._sub_pids = {}
         for f in self.subs:
             self._pid = self._pid % 65535 + 1
+            self._sub_pids[self._pid] = f
             await self._write(_packet(SUBSCRIBE, struct.pack("!H", self._pid) + _str(f) + b"\x01"))
         if self.on_connect:
             self.on_connect()
-        reader = asyncio.create_task(self._reader(r))
+        self._reader_end = None
+        reader = asyncio.create_task(self._reader_task(r))
         try:
             ping_every = self.keepalive * 500
             while True:
                 if reader.done():
-                    raise MQTTError("reader stopped")
+                    raise MQTTError("reader stopped: %r" % (self._reader_end,))
                 now = ticks()
                 if diff(now, self._last_rx) > self.keepalive * 1000:
                     raise MQTTError("no traffic from broker for %d s" % self.keepalive)
                 await self._send_due(now)
-                if diff(now, self._last_tx) >= ping_every:
+                # Ping when we have been quiet *or* the broker has: a client that only sends
+                # (QoS 0 telemetry) hears nothing back, and would call its own link dead.
+                quiet = diff(now, self._last_tx) >= ping_every or diff(now, self._last_rx) >= ping_every
+                if quiet and diff(now, self._last_ping) >= ping_every:
+                    self._last_ping = now
                     await self._write(b"\xc0\x00")
                 self._kick.clear()
                 try:
@@ -269,15 +300,53 @@ class Client:
             if shift > 21:
                 raise MQTTError("bad remaining length")
         if n > MAX_IN:
-            raise MQTTError("incoming packet of %d bytes refused" % n)
+            self._dropped_pid = await self._discard(r, head, n)
+            return head, None
         body = await r.readexactly(n) if n else b""
         return head, body
+
+    async def _discard(self, r, head, n):
+        """Read an oversized packet off the wire without keeping it; returns a QoS 1 PUBLISH's
+        packet id (to acknowledge it, so the broker does not send it again), else None."""
+        self.oversized += 1
+        pid = None
+        if head & 0xF0 == PUBLISH and n >= 2:
+            tlen = struct.unpack("!H", await r.readexactly(2))[0]
+            n -= 2
+            while tlen and n:
+                k = min(tlen, _DISCARD, n)
+                await r.readexactly(k)
+                tlen -= k
+                n -= k
+            if (head >> 1) & 3 and n >= 2:
+                pid = await r.readexactly(2)
+                n -= 2
+        while n:
+            k = min(n, _DISCARD)
+            await r.readexactly(k)
+            n -= k
+        return pid
+
+    async def _reader_task(self, r):
+        # MicroPython reports a task's exception the moment the task ends with nobody awaiting
+        # it, as a traceback on the console the serial channel shares; so the reader never
+        # raises, and the session loop reads how it ended from here.
+        try:
+            await self._reader(r)
+        except Exception as e:
+            self._reader_end = e
 
     async def _reader(self, r):
         while True:
             head, body = await self._read_packet(r)
             self._last_rx = self.board.ticks_ms()
             kind = head & 0xF0
+            if body is None:
+                # Thrown away for its size (one 4 KB retained command must not cycle the link).
+                self.log("mqtt", "dropped an incoming packet over %d bytes" % MAX_IN)
+                if self._dropped_pid is not None:
+                    await self._write(b"\x40\x02" + self._dropped_pid)
+                continue
             if kind == PUBACK:
                 pid = struct.unpack("!H", body)[0]
                 for m in self.outbox:
@@ -301,7 +370,16 @@ class Client:
                         self.on_message(topic, body[pos:], bool(head & 1))
                     except Exception as e:  # a bad command must not take the link down
                         self.log("mqtt", "message handler failed:", repr(e))
-            # SUBACK and PINGRESP only prove the link is alive, which _last_rx records.
+            elif kind == SUBACK and len(body) >= 3:
+                f = self._sub_pids.pop(struct.unpack("!H", body[:2])[0], None)
+                if body[2] & 0x80:
+                    # Refused (an ACL, a bad filter): commands will never arrive; say so in state.
+                    self.log("mqtt", "broker refused subscription", f)
+                    if f is not None and f not in self.sub_failed:
+                        self.sub_failed.append(f)
+                elif f in self.sub_failed:
+                    self.sub_failed.remove(f)
+            # PINGRESP only proves the link is alive, which _last_rx records.
 
     async def disconnect(self):
         if self._w is not None and self.connected:

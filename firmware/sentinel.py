@@ -42,10 +42,11 @@ class Sentinel:
         self._up_ms = 0
         self.raised = {}
         self.heap_hwm = 0
+        self._disco_next = None  # the next Home Assistant discovery message to send, or None
         self.cmd_seq = 0  # the highest command seq accepted in this boot
         self.cmd_refused = 0
         self.spool = spool.Spool(board.spool_path, SPOOL_CAP)
-        self._window = min(8, cfg["mqtt"]["queue_len"] // 2)  # spooled events in RAM at once
+        self._window = min(4, cfg["mqtt"]["queue_len"] // 2)  # spooled events in RAM at once (the rest wait on flash)
         self._inflight = 0
         st = protocol.topic(self.sid, protocol.STATUS)
         self.mqtt = mqtt.Client(
@@ -111,6 +112,18 @@ class Sentinel:
         )
 
     def emit(self, kind, data):
+        try:
+            self._emit(kind, data)
+        except MemoryError:
+            # A full heap must cost telemetry, never the power watch that called us: collect,
+            # try once more, and if even that fails the event is lost, loudly, and we go on.
+            gc.collect()
+            try:
+                self._emit(kind, data)
+            except MemoryError:
+                self.log("event", kind, "LOST: out of memory")
+
+    def _emit(self, kind, data):
         if self.on_battery():
             # What the bridge budgets its emergency work against, on every event while it matters.
             data["on_battery"] = True
@@ -147,7 +160,12 @@ class Sentinel:
         self._feed()
 
     def publish_state(self):
-        payload = self._seal(protocol.STATE_KIND, self.snapshot())
+        try:
+            payload = self._seal(protocol.STATE_KIND, self.snapshot())
+        except MemoryError:
+            gc.collect()  # state is telemetry: the next change or heartbeat sends a fresh one
+            self.log("state", "skipped: out of memory")
+            return
         self.mqtt.publish(protocol.topic(self.sid, protocol.STATE), payload, retain=True)
         self.board.serial_out(payload)  # a host on the serial side needs the runtime estimate too
 
@@ -162,6 +180,8 @@ class Sentinel:
             "uptime_ms": self.uptime_ms(),
             "queued": self.mqtt.pending(),
             "dropped": self.mqtt.dropped,
+            "mqtt_oversized": self.mqtt.oversized,
+            "sub_failed": self.mqtt.sub_failed,
             "spool_bytes": self.spool.pending(),
             "spool_refused": self.spool.refused,
             "cmd_refused": self.cmd_refused,
@@ -181,12 +201,7 @@ class Sentinel:
         self.mqtt.publish(protocol.topic(self.sid, protocol.STATUS), protocol.ONLINE, retain=True, first=True)
         self.publish_state()
         if self.cfg["ha"]["discovery"] and not self.safe_mode:
-            import discovery
-
-            for t, p in discovery.messages(self.cfg, self.sid, self.board.name):
-                self.mqtt.publish(t, p, retain=True)
-            # Its bytecode is needed once per connect; the heap is better spent on the queue.
-            del sys.modules["discovery"]
+            self._disco_next = 0  # sent one at a time by the supervisor (_discover_one)
 
     # --- commands, from MQTT or the serial port --------------------------------------------
 
@@ -297,12 +312,35 @@ class Sentinel:
                 self.spool.flush()
             except OSError as e:  # a full or failing flash must not stop the watch
                 self.log("spool", "flush failed:", repr(e))
+            self._discover_one()
             gc.collect()
             # The live heap, measured after a collection: before one it only shows garbage piling up.
             live = gc.mem_alloc()
             if live > self.heap_hwm:
                 self.heap_hwm = live
             await asyncio.sleep_ms(1000)
+
+    def _discover_one(self):
+        # Home Assistant's config messages go out one per supervisor tick, once the queue is
+        # short, instead of six at once on connect: they are ~700 bytes each, and the moment of
+        # a connect (birth, state, a backlog) is when the heap is fullest.
+        i = self._disco_next
+        if i is None or not self.mqtt.connected or self.mqtt.pending() > 2:
+            return
+        import discovery
+
+        msgs = discovery.messages(self.cfg, self.sid, self.board.name)
+        got = None
+        for _ in range(i + 1):
+            got = next(msgs, None)
+        del msgs
+        # Its bytecode is needed a few times per connect; the heap is better spent on the queue.
+        del sys.modules["discovery"]
+        if got is None:
+            self._disco_next = None
+            return
+        self.mqtt.publish(got[0], got[1], retain=True)
+        self._disco_next = i + 1
 
     async def _heartbeat(self):
         period = self.cfg["heartbeat_s"] * 1000
@@ -331,7 +369,12 @@ class Sentinel:
                     self.log("ntp", "time set from", ntp_host)
                 next_ntp = ticks() + (self.cfg["ntp"]["interval_s"] * 1000 if t else 60000)
 
+    def _task_error(self, _loop, context):
+        # A task that dies is one "#" line, never a traceback on the console the serial channel shares.
+        self.log("task", "died:", context.get("message", ""), repr(context.get("exception")))
+
     async def main(self):
+        asyncio.get_event_loop().set_exception_handler(self._task_error)
         await self.board.serve(self)  # board services first: the emulated mains pulses come from there
         present = await self.mains.settle()
         if self.battery:

@@ -117,14 +117,29 @@ def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
         time.sleep(0.4)
         rig.control.send(mains=True)
         time.sleep(0.4)
+    # The moment the heap is fullest: a radio drop with events piling up, then the reconnect
+    # (birth, state, the backlog, Home Assistant's discovery) all at once.
+    rig.control.send(wlan=False)
+    for _ in range(4):
+        rig.control.send(mains=False)
+        time.sleep(0.4)
+        rig.control.send(mains=True)
+        time.sleep(0.4)
+    rig.control.send(wlan=True)
+    wait_for(lambda: rig.control.send(get="state")["state"]["queued"] == 0, 30, "the backlog delivered")
+    time.sleep(7)  # discovery, one message a second
+    # On this 64-bit port at 110K with every feature on, the burst can run the heap out: the
+    # firmware must then skip telemetry (state), never lose an event or die (docs/hardware-testing.md).
+    assert not [line for line in rig.lines if "LOST" in line or "Traceback" in line], rig.lines
+    assert rig.control.send(get="world")["world"]["mains"] is True
     mem = rig.control.send(get="mem")["mem"]
     total = mem["free"] + mem["alloc"]
     assert total <= 110 * 1024
     assert 0 < mem["hwm"] < total
-    # After a collection, room for a burst of events and a reconnect. The module bytecode (~60 KB
-    # here) is in this heap too, and the unix port's objects are twice an ESP32's size; see
-    # docs/hardware-testing.md and bench/firmware_soak.py for the figures.
-    assert mem["free"] > 20 * 1024, mem
+    # After a collection, some room still. The module bytecode (~35 KB of .mpy) is in this heap,
+    # where a chip with frozen modules keeps it in flash, and the unix port is a 64-bit build
+    # (objects about twice an ESP32's): the figure is this port's, not the chip's.
+    assert mem["free"] > 16 * 1024, mem
 
 
 def test_bad_control_commands_get_an_error_naming_the_problem(rig_factory) -> None:
