@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Power-cut alert latency through the whole chain.
 
-N power cuts on the emulated sentinel (real MicroPython, 110K heap, pulse-train mains
+N power cuts on the emulated sentinel (real MicroPython, an ESP32's heap, pulse-train mains
 input), real Mosquitto, the bridge. Each latency is from the control command that cuts
 mains to the hook process's first instruction (bash's $EPOCHREALTIME, written by the hook
 itself), both on this machine's wall clock. Cuts land at a random phase of the 50 Hz
@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
+from holdover.board.emulator import DEFAULT_HEAP
 from holdover.lab.rig import Rig
 
 
@@ -84,7 +85,7 @@ def main() -> int:
     ap.add_argument("--cuts", type=int, default=50)
     ap.add_argument("--debounce-ms", type=int, default=300)
     ap.add_argument("--mode", choices=["pulse", "level"], default="pulse")
-    ap.add_argument("--heap", default="110K")
+    ap.add_argument("--heap", default=DEFAULT_HEAP, help="the 64-bit port's equivalent of an ESP32's heap")
     ap.add_argument(
         "--ghost-hz",
         default="0,5",

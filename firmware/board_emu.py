@@ -150,6 +150,80 @@ class _Link:
             await self.s.wait_closed()
 
 
+class _WLAN:
+    """network.WLAN(STA_IF) as the esp32 port drives it, with the access point as part of the world.
+
+    Faithful where it hurts (ports/esp32/network_wlan.c): connect() sets "connect requested"
+    and the driver then reconnects by itself after every drop; a connect() while it is
+    connecting raises OSError("Wifi Internal Error"); status() gives the port's codes.
+    """
+
+    IDLE, CONNECTING, GOT_IP = 1000, 1001, 1010
+    BEACON_TIMEOUT, NO_AP_FOUND = 200, 201
+    JOIN_MS = 300  # association and DHCP, when the AP is there
+    SCAN_MS = 1500  # one failed attempt, when it is not
+
+    def __init__(self, board):
+        self.board = board
+        self._active = False
+        self._requested = False
+        self._status = self.IDLE
+        self._t = 0
+        self.internal_errors = 0
+
+    def active(self, v=None):
+        if v is None:
+            return self._active
+        self._active = bool(v)
+        if not v:
+            self._requested = False
+            self._status = self.IDLE
+
+    def connect(self, ssid=None, key=None):
+        if not self._active:
+            raise OSError("Wifi Not Started")
+        if self._status == self.CONNECTING:
+            # What ESP-IDF answers ("sta is connecting, return error"), as the port raises it.
+            self.internal_errors += 1
+            raise OSError("Wifi Internal Error")
+        self._requested = True
+        self._status = self.CONNECTING
+        self._t = time.ticks_ms()
+
+    def disconnect(self):
+        self._requested = False
+        self._status = self.IDLE
+
+    def isconnected(self):
+        return self._status == self.GOT_IP
+
+    def status(self):
+        return self._status
+
+    def ifconfig(self):
+        return ("127.0.0.1", "255.0.0.0", "127.0.0.1", "127.0.0.1")
+
+    def tick(self, now):
+        """The driver's event handler, run by the board's radio task."""
+        ap = self.board.world["wlan"]
+        st = self._status
+        if st == self.GOT_IP and not ap:
+            self._status = self.BEACON_TIMEOUT
+            st = self._status
+            self._t = now
+        if st in (self.BEACON_TIMEOUT, self.NO_AP_FOUND) and self._requested:
+            # STA_DISCONNECTED: the port calls esp_wifi_connect() again at once.
+            self._status = self.CONNECTING
+            self._t = now
+        elif st == self.CONNECTING:
+            took = time.ticks_diff(now, self._t)
+            if ap and took >= self.JOIN_MS:
+                self._status = self.GOT_IP
+            elif not ap and took >= self.SCAN_MS:
+                self._status = self.NO_AP_FOUND
+                self._t = now
+
+
 class Board:
     name = "emu"
 
@@ -181,6 +255,7 @@ class Board:
         self.world = _read_json(self._world_path, {"mains": True, "battery_v": 4.1, "wlan": True})
         self._nvs = _read_json(self._nvs_path, {})
         self._inputs = {}
+        self._wlan = _WLAN(self)
         self._links = []
         self._zombies = []
         self._wdt = None
@@ -258,16 +333,19 @@ class Board:
 
     # --- network -------------------------------------------------------------------------
 
-    def net_up(self):
-        return self.world["wlan"]
+    def wlan(self):
+        return self._wlan
 
-    async def net_task(self, cfg, log):
-        # The emulated radio is up or down as the control port says; nothing to manage.
+    def net_up(self):
+        return self._wlan.isconnected()
+
+    async def _radio(self):
         while True:
-            await asyncio.sleep_ms(1000)
+            self._wlan.tick(time.ticks_ms())
+            await asyncio.sleep_ms(50)
 
     async def open_connection(self, host, port):
-        if not self.world["wlan"]:
+        if not self._wlan.isconnected():
             raise OSError(EHOSTUNREACH)
         r, _w = await asyncio.open_connection(host, port)
         link = _Link(self, r)
@@ -476,6 +554,7 @@ class Board:
         self._tasks = [
             asyncio.create_task(self._pulses()),
             asyncio.create_task(self._ghosts()),
+            asyncio.create_task(self._radio()),
             asyncio.create_task(self._watchdog()),
         ]
         print("# emu: control on %s:%d" % (host, port))

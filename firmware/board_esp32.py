@@ -127,29 +127,8 @@ class Board:
     def net_up(self):
         return self._wlan.isconnected()
 
-    async def net_task(self, cfg, log):
-        # The IDF driver retries forever after connect(); only a stuck attempt is restarted.
-        w = self._wlan
-        w.active(True)
-        backoff = 1000
-        while True:
-            if not w.isconnected():
-                log("wlan", "connecting to", cfg["ssid"])
-                w.connect(cfg["ssid"], cfg["password"])
-                t0 = time.ticks_ms()
-                while not w.isconnected() and time.ticks_diff(time.ticks_ms(), t0) < cfg["connect_timeout_ms"]:
-                    await asyncio.sleep_ms(250)
-                if w.isconnected():
-                    log("wlan", "up", w.ifconfig()[0])
-                    backoff = 1000
-                else:
-                    log("wlan", "no connection, status", w.status())
-                    w.disconnect()
-                    # A pause before retrying gets the driver out of the stuck-202 state after an AP reboot.
-                    await asyncio.sleep_ms(backoff)
-                    backoff = min(backoff * 2, 60000)
-                    continue
-            await asyncio.sleep_ms(1000)
+    def wlan(self):
+        return self._wlan  # driven by wifi.WifiKeeper, above the board layer
 
     async def open_connection(self, host, port):
         return await asyncio.open_connection(host, port)

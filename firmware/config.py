@@ -32,6 +32,10 @@ def _one_of(*choices):
     return check
 
 
+def _nonempty(v):
+    return None if v else "must not be empty (the board would never join a network)"
+
+
 def _ipv4(v):
     # An IP literal, because a DNS lookup on the board blocks the whole event loop.
     parts = v.split(".")
@@ -84,7 +88,7 @@ SPEC = {
     "sentinel_id": (str, REQUIRED, _sid),
     "key": (str, REQUIRED, _key),
     "wlan": {
-        "ssid": (str, "", None),
+        "ssid": (str, REQUIRED, _nonempty),
         "password": (str, "", None),
         "connect_timeout_ms": (int, 20000, _rng(1000, 120000)),
     },
@@ -218,17 +222,17 @@ def _pin_problem(role, pin, cfg):
     return None
 
 
-def _check_pins(cfg):
+def _check_pins(cfg, errs):
     used = {}
     for key, role in (("mains", "mains input"), ("relay", "relay"), ("battery", "battery ADC")):
         pin = cfg[key]["pin"]
-        if pin < 0:
+        if pin is None or pin < 0:
             continue
         problem = _pin_problem(role, pin, cfg)
         if problem:
-            raise ConfigError("%s.pin: %s, got %d" % (key, problem, pin))
-        if pin in used:
-            raise ConfigError("%s.pin: GPIO%d is already %s.pin" % (key, pin, used[pin]))
+            errs.append("%s.pin: %s, got %d" % (key, problem, pin))
+        elif pin in used:
+            errs.append("%s.pin: GPIO%d is already %s.pin" % (key, pin, used[pin]))
         used[pin] = key
 
 
@@ -236,53 +240,69 @@ def _type_name(t):
     return {str: "a string", int: "an integer", bool: "true or false", float: "a number", list: "a list"}[t]
 
 
-def _check(spec, raw, path):
+def _check(spec, raw, path, errs):
     if not isinstance(raw, dict):
-        raise ConfigError("%s: must be an object" % (path or "config"))
+        errs.append("%s: must be an object" % (path[:-1] or "config"))
+        raw = {}
     for k in raw:
         if k not in spec:
-            raise ConfigError("%s%s: unknown key" % (path, k))
+            errs.append("%s%s: unknown key" % (path, k))
     out = {}
     for k, rule in spec.items():
         name = path + k
         if isinstance(rule, dict):
-            out[k] = _check(rule, raw.get(k, {}), name + ".")
+            out[k] = _check(rule, raw.get(k, {}), name + ".", errs)
             continue
         typ, default, check = rule
+        out[k] = None if default is REQUIRED else default
         if k not in raw:
             if default is REQUIRED:
-                raise ConfigError("%s: required" % name)
-            out[k] = default
+                errs.append("%s: required" % name)
             continue
         v = raw[k]
         ok = isinstance(v, typ) and not (typ is int and isinstance(v, bool))
         if typ is float and isinstance(v, int) and not isinstance(v, bool):
             v, ok = float(v), True
         if not ok:
-            raise ConfigError("%s: must be %s, got %r" % (name, _type_name(typ), v))
+            errs.append("%s: must be %s, got %r" % (name, _type_name(typ), v))
+            continue
         problem = check(v) if check else None
         if problem:
-            raise ConfigError("%s: %s, got %r" % (name, problem, v))
+            errs.append("%s: %s, got %r" % (name, problem, v))
+            continue
         out[k] = v
     return out
 
 
-def validate(raw):
-    cfg = _check(SPEC, raw, "")
+def problems(raw):
+    """Every problem with a parsed config, each naming its key (empty: valid); and the config
+    with defaults filled in. The host's `holdover check-config` prints them all."""
+    errs = []
+    cfg = _check(SPEC, raw, "", errs)
+    if errs:
+        _check_pins(cfg, errs)  # pins are checked on their own; a bad one is reported as None
+        return errs, cfg  # the cross-checks below need every value to be sound
     m = cfg["mqtt"]
     if m["backoff_max_ms"] < m["backoff_min_ms"]:
-        raise ConfigError("mqtt.backoff_max_ms: must be >= mqtt.backoff_min_ms")
+        errs.append("mqtt.backoff_max_ms: must be >= mqtt.backoff_min_ms")
     b = cfg["battery"]
     if b["critical_pct"] >= b["low_pct"]:
-        raise ConfigError("battery.critical_pct: must be below battery.low_pct")
+        errs.append("battery.critical_pct: must be below battery.low_pct")
     u = cfg["uplink"]
     if u["targets"] and u["reliability"] > len(u["targets"]):
-        raise ConfigError("uplink.reliability: %d but only %d target(s)" % (u["reliability"], len(u["targets"])))
+        errs.append("uplink.reliability: %d but only %d target(s)" % (u["reliability"], len(u["targets"])))
     if u["timeout_ms"] >= u["interval_ms"]:
-        raise ConfigError("uplink.timeout_ms: must be shorter than uplink.interval_ms")
+        errs.append("uplink.timeout_ms: must be shorter than uplink.interval_ms")
     if cfg["ntp"]["host"] and _ipv4(cfg["ntp"]["host"]):
-        raise ConfigError("ntp.host: " + _ipv4(cfg["ntp"]["host"]))
-    _check_pins(cfg)
+        errs.append("ntp.host: " + _ipv4(cfg["ntp"]["host"]))
+    _check_pins(cfg, errs)
+    return errs, cfg
+
+
+def validate(raw):
+    errs, cfg = problems(raw)
+    if errs:
+        raise ConfigError(errs[0])
     return cfg
 
 
@@ -292,8 +312,126 @@ def load(path):
             text = f.read()
     except OSError as e:
         raise ConfigError("%s: cannot read (%s)" % (path, e))
+    bad = syntax_error(text)
+    if bad:
+        raise ConfigError("%s: not valid JSON: %s" % (path, bad))
     try:
         raw = json.loads(text)
     except ValueError as e:
         raise ConfigError("%s: not valid JSON (%s)" % (path, e))
     return validate(raw)
+
+
+class _Bad(Exception):
+    pass
+
+
+def syntax_error(s):
+    """None if s is exactly one strict JSON value, else "line L, column C: what was expected".
+
+    MicroPython's json module reads ',' and ':' as whitespace, so '{"debounce_ms":}' or a
+    missing comma parse into something else without a word; this checks the grammar first.
+    """
+    n = len(s)
+
+    def ws(i):
+        while i < n and s[i] in " \t\r\n":
+            i += 1
+        return i
+
+    def bad(i, what):
+        line, start = 1, 0
+        for j in range(min(i, n)):
+            if s[j] == "\n":
+                line, start = line + 1, j + 1
+        raise _Bad("line %d, column %d: %s" % (line, i - start + 1, what))
+
+    def string(i):
+        i += 1
+        while i < n:
+            c = s[i]
+            if c == '"':
+                return i + 1
+            if c == "\\":
+                if i + 1 >= n or s[i + 1] not in '"\\/bfnrtu':
+                    bad(i, "bad escape in a string")
+                if s[i + 1] == "u":
+                    h = s[i + 2 : i + 6]
+                    if len(h) != 4 or any(x not in "0123456789abcdefABCDEF" for x in h):
+                        bad(i, "bad \\u escape")
+                    i += 4
+                i += 2
+                continue
+            if ord(c) < 0x20:
+                bad(i, "a control character in a string")
+            i += 1
+        bad(i, "a string never closed")
+
+    def digits(i):
+        j = i
+        while i < n and "0" <= s[i] <= "9":
+            i += 1
+        if i == j:
+            bad(i, "a digit expected")
+        return i
+
+    def number(i):
+        if s[i] == "-":
+            i += 1
+        if i < n and s[i] == "0":
+            i += 1
+        else:
+            i = digits(i)
+        if i < n and s[i] == ".":
+            i = digits(i + 1)
+        if i < n and s[i] in "eE":
+            i += 1
+            if i < n and s[i] in "+-":
+                i += 1
+            i = digits(i)
+        return i
+
+    def value(i, depth):
+        if depth > 16:
+            bad(i, "nested too deep")
+        i = ws(i)
+        if i >= n:
+            bad(i, "a value expected")
+        c = s[i]
+        if c == "{" or c == "[":
+            close = "}" if c == "{" else "]"
+            i = ws(i + 1)
+            if i < n and s[i] == close:
+                return i + 1
+            while True:
+                if c == "{":
+                    i = ws(i)
+                    if i >= n or s[i] != '"':
+                        bad(i, "a key in double quotes expected")
+                    i = ws(string(i))
+                    if i >= n or s[i] != ":":
+                        bad(i, "':' expected")
+                    i += 1
+                i = ws(value(i, depth + 1))
+                if i < n and s[i] == ",":
+                    i += 1
+                    continue
+                if i < n and s[i] == close:
+                    return i + 1
+                bad(i, "',' or '%s' expected" % close)
+        if c == '"':
+            return string(i)
+        for lit in ("true", "false", "null"):
+            if s[i : i + len(lit)] == lit:
+                return i + len(lit)
+        if c == "-" or "0" <= c <= "9":
+            return number(i)
+        bad(i, "a value expected")
+
+    try:
+        i = ws(value(0, 0))
+        if i != n:
+            bad(i, "nothing expected after the value")
+    except _Bad as e:
+        return str(e)
+    return None

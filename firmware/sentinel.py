@@ -17,6 +17,7 @@ import mains
 import mqtt
 import protocol
 import spool
+import wifi
 
 WDT_MS = 8000
 WATCH_STALE_MS = 2000  # the power watch must have sampled this recently to feed the WDT
@@ -60,6 +61,7 @@ class Sentinel:
         )
         self.mqtt.subscribe(protocol.topic(self.sid, protocol.CMD))
         self.mains = mains.MainsWatch(board, cfg["mains"], self._mains_changed)
+        self.wifi = wifi.WifiKeeper(board.wlan(), cfg["wlan"], board, self.log)
         self.battery = self.uplink = self.relay = None
         if cfg["battery"]["pin"] >= 0:
             import battery
@@ -187,6 +189,8 @@ class Sentinel:
             "cmd_refused": self.cmd_refused,
             "mem_free": gc.mem_free(),
             "relay": self.relay.on if self.relay else None,
+            "wlan_joins": self.wifi.joins,
+            "wlan_errors": self.wifi.errors,
             "uplink": self.uplink.status() if self.uplink else None,
         }
         if self.uplink:
@@ -327,15 +331,20 @@ class Sentinel:
         i = self._disco_next
         if i is None or not self.mqtt.connected or self.mqtt.pending() > 2:
             return
-        import discovery
-
-        msgs = discovery.messages(self.cfg, self.sid, self.board.name)
         got = None
-        for _ in range(i + 1):
-            got = next(msgs, None)
-        del msgs
-        # Its bytecode is needed a few times per connect; the heap is better spent on the queue.
-        del sys.modules["discovery"]
+        try:
+            import discovery
+
+            msgs = discovery.messages(self.cfg, self.sid, self.board.name)
+            for _ in range(i + 1):
+                got = next(msgs, None)
+            del msgs
+        except MemoryError:
+            self.log("discovery", "out of memory; next tick")
+            return
+        finally:
+            # Its bytecode is needed a few times per connect; the heap is better spent on the queue.
+            sys.modules.pop("discovery", None)
         if got is None:
             self._disco_next = None
             return
@@ -398,18 +407,30 @@ class Sentinel:
             # Booted on battery (a reboot mid-outage): the bridge must still hear it.
             self.emit(protocol.MAINS_LOST, {"debounce_ms": self.mains.debounce, "at_boot": True})
         tasks = [
-            self.mains.run(),
-            self._supervise(),
-            self.board.net_task(self.cfg["wlan"], self.log),
-            self.mqtt.run(),
-            self._heartbeat(),
-            self._policy(),
+            ("mains", self.mains.run),
+            ("supervisor", self._supervise),
+            ("wlan", self.wifi.run),
+            ("mqtt", self.mqtt.run),
+            ("heartbeat", self._heartbeat),
+            ("policy", self._policy),
         ]
         if self.battery:
-            tasks.append(self.battery.run())
+            tasks.append(("battery", self.battery.run))
         if self.uplink:
-            tasks.append(self.uplink.run())
-        await asyncio.gather(*[asyncio.create_task(t) for t in tasks])
+            tasks.append(("uplink", self.uplink.run))
+        await asyncio.gather(*[asyncio.create_task(self._keep(n, f)) for n, f in tasks])
+
+    async def _keep(self, name, start):
+        # A task that dies (a MemoryError at the wrong moment, a driver error) is logged and
+        # started again; one fault must not stop the others, and gather() would stop them all.
+        # The watchdog still resets the board if the mains watch keeps dying and stops sampling.
+        while True:
+            try:
+                await start()
+            except Exception as e:
+                self.log("task", name, "died, restarting:", repr(e))
+            gc.collect()
+            await asyncio.sleep_ms(1000)
 
 
 def run(board):

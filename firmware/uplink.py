@@ -114,6 +114,9 @@ class UplinkWatch:
             return
         interval = self.cfg["interval_ms"]
         ticks, diff = self.board.ticks_ms, self.board.ticks_diff
+        while not self.board.net_up():
+            # Before the first join nothing was ever reachable: no evidence about the uplink yet.
+            await asyncio.sleep_ms(100)
         while True:
             t0 = ticks()
             if self.board.net_up():

@@ -17,7 +17,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from holdover.board.emulator import firmware_dir, micropython_binary
+from holdover.board.emulator import DEFAULT_HEAP, firmware_dir, micropython_binary
 from holdover.lab.rig import Rig
 from holdover.train import registry
 
@@ -25,7 +25,7 @@ MPY_DIR = Path(__file__).parent / "mpy"
 TOY = [sys.executable, "-m", "holdover.train.toy"]
 
 
-def run_micropython(script: str, *args: str, heap: str = "110K", timeout: float = 60) -> str:
+def run_micropython(script: str, *args: str, heap: str = DEFAULT_HEAP, timeout: float = 60) -> str:
     """Run a script from tests/mpy in the real MicroPython unix port, with the firmware on its path."""
     env = dict(os.environ, MICROPYPATH=f"{firmware_dir()}:.frozen")
     proc = subprocess.run(

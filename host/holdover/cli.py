@@ -44,11 +44,29 @@ def bridge(
     asyncio.run(Bridge(cfg).run())
 
 
+@app.command("check-config")
+def check_config(
+    path: Path = typer.Argument(..., help="A board's config.json."),
+) -> None:
+    """Check a board config with the firmware's own rules; print every problem by key."""
+    from holdover.board.config_check import check_file
+
+    problems = check_file(path)
+    for p in problems:
+        typer.echo(f"{path}: {p}", err=True)
+    if problems:
+        typer.echo(f"{len(problems)} problem(s); the board would refuse this file", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{path}: ok")
+
+
 @app.command()
 def emu(
     config: Path = typer.Option(..., "--config", "-c", help="The board's config.json, as it would be on the ESP32."),
     control: str = typer.Option("127.0.0.1:7300", help="HOST:PORT of the JSON-lines control port."),
-    heap: str = typer.Option("110K", help="MicroPython heap size; 110K is an ESP32-WROOM with WiFi up."),
+    heap: str = typer.Option(
+        "168K", help="MicroPython heap size; 168K on this 64-bit port holds what ~110K holds on an ESP32."
+    ),
     state: Path | None = typer.Option(
         None, help="Directory for the board's NVS, spool and physical world (default: a temporary one)."
     ),

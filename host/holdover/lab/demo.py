@@ -73,7 +73,7 @@ def run_demo(debounce_ms: int = 300) -> int:
         )
         captured: list[bytes] = []
         try:
-            tl.say("demo", "starting Mosquitto, the emulated ESP32 (MicroPython, 110K heap) and the bridge")
+            tl.say("demo", "starting Mosquitto, the emulated ESP32 (MicroPython, an ESP32's heap) and the bridge")
             rig.start()
             tl.say("broker", f"mosquitto on {rig.broker.host}:{rig.broker.port}")
             rig.wait("boot", timeout=20)

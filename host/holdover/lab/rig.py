@@ -18,7 +18,7 @@ from typing import Any
 import tomli_w
 
 from holdover import settings as settings_mod
-from holdover.board.emulator import Control, Emulator
+from holdover.board.emulator import DEFAULT_HEAP, Control, Emulator
 from holdover.bridge import Bridge, BridgeThread
 from holdover.bridge.gate import Verdict
 from holdover.lab.broker import Broker, free_port
@@ -40,7 +40,7 @@ class Rig:
         mode: str = "pulse",
         keepalive_s: int = 5,
         heartbeat_s: int = 30,
-        heap: str = "110K",
+        heap: str = DEFAULT_HEAP,
         hooks: list[dict[str, Any]] | None = None,
         protect: dict[str, Any] | None = None,
         firmware: dict[str, Any] | None = None,
@@ -80,6 +80,7 @@ class Rig:
         cfg: dict[str, Any] = {
             "sentinel_id": self.sid,
             "key": self.key,
+            "wlan": {"ssid": "emulated-ap"},
             "mqtt": {"host": self.broker.host, "port": self.broker.port, "keepalive_s": self.keepalive_s},
             "mains": {"pin": 27, "mode": self.mode, "active_low": True, "debounce_ms": self.debounce_ms},
             "heartbeat_s": self.heartbeat_s,
