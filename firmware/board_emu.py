@@ -19,6 +19,10 @@ EXIT_WDT = 43
 EHOSTUNREACH = 113
 ETIMEDOUT = 110
 HALF_CYCLE_MS = 10  # 50 Hz mains: the opto output falls once per half-cycle
+# The ESP32's ticks_ms wraps at 2^30 ms (~12.4 days; ticks_diff is valid within +-2^29), the
+# unix port's only at 2^62: the board's clock wraps like the chip's, and can start near the wrap.
+TICKS_PERIOD = 1 << 30
+_TICKS_HALF = TICKS_PERIOD >> 1
 CONTROL_LINE_MAX = 512  # bytes; the longest legitimate control command is ~40
 SERIAL_BACKLOG = 64  # lines waiting for a slow serial reader; older ones go, as a UART's FIFO overflows
 
@@ -26,7 +30,7 @@ SERIAL_BACKLOG = 64  # lines waiting for a slow serial reader; older ones go, as
 def _usage(msg):
     print("# emu: " + msg)
     print("# usage: emu_main.py --config FILE --control HOST:PORT --state DIR")
-    print("#        [--serial HOST:PORT] [--reset-cause CAUSE]")
+    print("#        [--serial HOST:PORT] [--reset-cause CAUSE] [--ticks-start MS]")
     sys.exit(EXIT_CONFIG)
 
 
@@ -265,10 +269,16 @@ class Board:
         self._serial_clients = []
         self._serial_out = []
         self._serial_kick = asyncio.Event()
-        self.ticks_ms = time.ticks_ms
-        self.ticks_diff = time.ticks_diff
+        self._tick0 = time.ticks_ms()
+        self._tick_start = int(opts.get("ticks-start", "0")) % TICKS_PERIOD
 
     # --- clock, identity, reset ---------------------------------------------------------
+
+    def ticks_ms(self):
+        return (time.ticks_diff(time.ticks_ms(), self._tick0) + self._tick_start) & (TICKS_PERIOD - 1)
+
+    def ticks_diff(self, a, b):
+        return ((a - b + _TICKS_HALF) & (TICKS_PERIOD - 1)) - _TICKS_HALF
 
     def now_unix(self):
         return int(time.time()) + self._clock
@@ -443,6 +453,8 @@ class Board:
                 return {"ok": True, "state": self.app.snapshot() if self.app else None}
             if v == "world":
                 return {"ok": True, "world": self.world}
+            if v == "ticks":
+                return {"ok": True, "ticks_ms": self.ticks_ms()}
             if v == "adc":
                 return {"ok": True, "adc_uv": _ADC(self).read_uv()}
             if v == "mem":
@@ -457,7 +469,7 @@ class Board:
                 }
             if v == "relay":
                 return {"ok": True, "relay": bool(self.world.get("relay")), "pin": self.world.get("relay_pin")}
-            return {"ok": False, "error": "get: expected state, world, adc, mem or relay"}
+            return {"ok": False, "error": "get: expected state, world, ticks, adc, mem or relay"}
         return {"ok": False, "error": "unknown command %r" % k}
 
     def _reply(self, line):

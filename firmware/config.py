@@ -187,38 +187,83 @@ SPEC = {
         "after": (int, 5, _rng(2, 100)),
         "good_after_s": (int, 60, _rng(5, 3600)),
     },
-    "chip": (str, "esp32", _one_of("esp32")),
+    "chip": (str, "esp32", _one_of("esp32", "esp32s3", "esp32c3")),
+    # A module with PSRAM (ESP32 WROVER, ESP32-S3 R8): its bus pins are taken.
+    "psram": (bool, False, None),
     "heartbeat_s": (int, 30, _rng(1, 3600)),
 }
 
-# The classic ESP32 (WROOM/WROVER modules). Reasons are what the validator prints.
-_GPIOS = tuple(range(0, 6)) + tuple(range(12, 20)) + (21, 22, 23, 25, 26, 27) + tuple(range(32, 40))
-_FLASH = (6, 7, 8, 9, 10, 11)
-_UART0 = (1, 3)
-_STRAPPING = (0, 2, 5, 12, 15)
-_INPUT_ONLY = (34, 35, 36, 37, 38, 39)
-_ADC1 = (32, 33, 34, 35, 36, 37, 38, 39)
-_ADC2 = (0, 2, 4, 12, 13, 14, 15, 25, 26, 27)
+
+# Pin facts per chip (the esp32 port's pin tables and Espressif's datasheets); the reasons are
+# what the validator prints. The host's `holdover check-config` imports this same table.
+def _r(a, b):
+    return tuple(range(a, b + 1))
+
+
+_CHIPS = {
+    "esp32": {
+        "name": "ESP32",
+        "gpios": _r(0, 19) + (21, 22, 23, 25, 26, 27) + _r(32, 39),  # no 20, 24, 28-31 or >= 40
+        "flash": _r(6, 11),
+        "psram": (16, 17),  # WROVER modules: the PSRAM's clock and chip select
+        "uart0": (1, 3),
+        "usb": (),
+        "strapping": (0, 2, 5, 12, 15),  # 0: boot mode; 12: flash voltage
+        "input_only": _r(34, 39),
+        "adc1": _r(32, 39),
+        "adc2": (0, 2, 4, 12, 13, 14, 15, 25, 26, 27),
+    },
+    "esp32s3": {
+        "name": "ESP32-S3",
+        "gpios": _r(0, 21) + _r(26, 48),
+        "flash": _r(26, 32),
+        "psram": _r(33, 37),  # octal PSRAM/flash (R8 modules)
+        "uart0": (43, 44),
+        "usb": (19, 20),
+        "strapping": (0, 3, 45, 46),
+        "input_only": (),
+        "adc1": _r(1, 10),
+        "adc2": _r(11, 20),
+    },
+    "esp32c3": {
+        "name": "ESP32-C3",
+        "gpios": _r(0, 21),
+        "flash": _r(11, 17),
+        "psram": (),
+        "uart0": (20, 21),
+        "usb": (18, 19),
+        "strapping": (2, 8, 9),
+        "input_only": (),
+        "adc1": _r(0, 4),
+        "adc2": (5,),
+    },
+}
 
 
 def _pin_problem(role, pin, cfg):
-    if pin in _FLASH:
+    c = _CHIPS[cfg["chip"]]
+    if pin in c["flash"]:
         return "GPIO%d is wired to the module's SPI flash" % pin
-    if pin not in _GPIOS:
-        return "GPIO%d does not exist on an ESP32" % pin
-    if pin in _UART0:
+    if pin not in c["gpios"]:
+        return "GPIO%d does not exist on an %s" % (pin, c["name"])
+    if cfg["psram"] and pin in c["psram"]:
+        return "GPIO%d is taken by the PSRAM (psram: true)" % pin
+    if pin in c["uart0"]:
         return "GPIO%d is UART0, the USB serial channel" % pin
-    if pin in _STRAPPING:
-        # Held by a relay driver or an opto output at reset, these pick the boot mode or flash voltage.
+    if pin in c["usb"]:
+        return "GPIO%d is the chip's native USB, the serial channel on boards without a UART bridge" % pin
+    if pin in c["strapping"]:
+        # Held by a relay driver, an opto output or a battery divider at reset, these pick the
+        # boot mode or the flash voltage.
         return "GPIO%d is a strapping pin; a %s on it can stop the chip booting" % (pin, role)
-    if role == "relay" and pin in _INPUT_ONLY:
+    if role == "relay" and pin in c["input_only"]:
         return "GPIO%d is input-only" % pin
-    if role == "mains input" and pin in _INPUT_ONLY and cfg["mains"]["pull_up"]:
+    if role == "mains input" and pin in c["input_only"] and cfg["mains"]["pull_up"]:
         return "GPIO%d has no internal pull-up; fit one and set mains.pull_up false" % pin
-    if role == "battery ADC" and pin in _ADC2:
+    if role == "battery ADC" and pin in c["adc2"]:
         return "GPIO%d is on ADC2, which the WiFi driver owns" % pin
-    if role == "battery ADC" and pin not in _ADC1:
-        return "GPIO%d has no ADC; use GPIO32-39 (ADC1)" % pin
+    if role == "battery ADC" and pin not in c["adc1"]:
+        return "GPIO%d has no ADC; use ADC1 (GPIO%d-%d)" % (pin, c["adc1"][0], c["adc1"][-1])
     return None
 
 

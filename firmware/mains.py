@@ -32,6 +32,8 @@ class MainsWatch:
         self.alive_ms = self.changed_ms  # the watchdog supervisor checks this
         self._cand = None
         self._resume_ms = None  # when the loop came back from its last stall
+        self.stalls = 0  # times the loop was held up past the gap (see poll)
+        self.stalled_ms = 0
         if not self.level:
             self.pin.irq(self._edge)
 
@@ -76,7 +78,10 @@ class MainsWatch:
 
     def poll(self, now):
         """One sample; returns True when the debounced state flipped."""
-        if self.board.ticks_diff(now, self.alive_ms) > self.gap + self.sample:
+        gap = self.board.ticks_diff(now, self.alive_ms)
+        if gap > self.gap + self.sample:
+            self.stalls += 1
+            self.stalled_ms += gap
             # The loop was held up (a long GC, a slow flash write, a starved process in the
             # emulator): interrupts were not handled either, so "no edges" during the stall
             # proves nothing. Absence counts again from now; a real cut is reported that late.

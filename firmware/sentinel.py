@@ -40,6 +40,7 @@ class Sentinel:
         self.seq = 0
         self._t0 = board.ticks_ms()
         self._up_last = self._t0
+        self._mains_since_up = 0  # uptime (ms) at the last mains change; the boot state counts from 0
         self._up_ms = 0
         self.raised = {}
         self.heap_hwm = 0
@@ -174,8 +175,12 @@ class Sentinel:
     def snapshot(self):
         s = {
             "mains": self.mains.present,
-            "mains_since_ms": self.board.ticks_diff(self.mains.changed_ms, self._t0),
+            # On the uptime scale, which never wraps: a ticks_diff against boot would turn
+            # negative after 6.2 days on the chip.
+            "mains_since_ms": self._mains_since_up,
             "glitches": self.mains.glitches,
+            "loop_stalls": self.mains.stalls,
+            "loop_stalled_ms": self.mains.stalled_ms,
             "boot_count": self.boot_count,
             "reset_cause": self.reset_cause,
             "safe_mode": self.safe_mode,
@@ -274,6 +279,9 @@ class Sentinel:
     # --- sensing -------------------------------------------------------------------------
 
     def _mains_changed(self, present, held_ms):
+        # The change happened a debounce ago, at mains.changed_ms; both close enough to diff.
+        ago = self.board.ticks_diff(self.board.ticks_ms(), self.mains.changed_ms)
+        self._mains_since_up = self.uptime_ms() - ago
         if present:
             self.emit(protocol.MAINS_RESTORED, {"outage_ms": held_ms})
         else:

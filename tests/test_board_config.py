@@ -80,3 +80,56 @@ def test_check_config_prints_every_problem_by_key(tmp_path: Path) -> None:
     f.write_text(json.dumps(GOOD))
     ok = subprocess.run([str(holdover), "check-config", str(f)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and ok.stdout.strip().endswith(": ok")
+
+
+PIN_CASES = [
+    ("esp32", False, {"mains": {"pin": 24}}, "mains.pin: GPIO24 does not exist on an ESP32"),
+    ("esp32", False, {"mains": {"pin": 40}}, "mains.pin: GPIO40 does not exist on an ESP32"),
+    ("esp32", False, {"mains": {"pin": 20}}, "mains.pin: GPIO20 does not exist on an ESP32"),
+    ("esp32", True, {"relay": {"pin": 16}}, "relay.pin: GPIO16 is taken by the PSRAM"),
+    ("esp32", False, {"relay": {"pin": 5}}, "relay.pin: GPIO5 is a strapping pin"),
+    ("esp32", False, {"battery": {"pin": 12}}, "battery.pin: GPIO12 is a strapping pin"),
+    ("esp32s3", False, {"mains": {"pin": 22}}, "mains.pin: GPIO22 does not exist on an ESP32-S3"),
+    ("esp32s3", False, {"mains": {"pin": 27}}, "mains.pin: GPIO27 is wired to the module's SPI flash"),
+    ("esp32s3", True, {"mains": {"pin": 35}}, "mains.pin: GPIO35 is taken by the PSRAM"),
+    ("esp32s3", False, {"relay": {"pin": 43}}, "relay.pin: GPIO43 is UART0"),
+    ("esp32s3", False, {"relay": {"pin": 19}}, "relay.pin: GPIO19 is the chip's native USB"),
+    ("esp32s3", False, {"relay": {"pin": 46}}, "relay.pin: GPIO46 is a strapping pin"),
+    ("esp32s3", False, {"battery": {"pin": 12}}, "battery.pin: GPIO12 is on ADC2"),
+    ("esp32c3", False, {"mains": {"pin": 22}}, "mains.pin: GPIO22 does not exist on an ESP32-C3"),
+    ("esp32c3", False, {"mains": {"pin": 18}}, "mains.pin: GPIO18 is the chip's native USB"),
+    ("esp32c3", False, {"relay": {"pin": 9}}, "relay.pin: GPIO9 is a strapping pin"),
+    ("esp32c3", False, {"relay": {"pin": 21}}, "relay.pin: GPIO21 is UART0"),
+    ("esp32c3", False, {"battery": {"pin": 5}}, "battery.pin: GPIO5 is on ADC2"),
+    ("esp32c3", False, {"battery": {"pin": 6}}, "battery.pin: GPIO6 has no ADC; use ADC1 (GPIO0-4)"),
+]
+
+# A pin map per chip that follows every rule (the hardware page's recommendation).
+GOOD_MAPS = {
+    "esp32": {"mains": {"pin": 27}, "relay": {"pin": 26}, "battery": {"pin": 34}},
+    "esp32s3": {"mains": {"pin": 4}, "relay": {"pin": 5}, "battery": {"pin": 6}},
+    "esp32c3": {"mains": {"pin": 4}, "relay": {"pin": 7}, "battery": {"pin": 3}},
+}
+
+
+def _with(chip: str, psram: bool, extra: dict) -> dict:
+    cfg = {**GOOD, "chip": chip, "psram": psram, **GOOD_MAPS[chip]}
+    for k, v in extra.items():
+        cfg[k] = {**cfg[k], **v}
+    return cfg
+
+
+@pytest.mark.parametrize(("chip", "psram", "extra", "message"), PIN_CASES)
+def test_pins_are_checked_per_chip_and_role(chip: str, psram: bool, extra: dict, message: str) -> None:
+    problems = check_text(json.dumps(_with(chip, psram, extra)))
+    assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize("chip", sorted(GOOD_MAPS))
+def test_each_chips_recommended_map_passes_on_the_board_and_the_host(tmp_path: Path, chip: str) -> None:
+    text = json.dumps(_with(chip, False, {}))
+    assert check_text(text) == []
+    assert _board(tmp_path, text) == "ok"
+    # And the board itself refuses a bad pin with the host's words.
+    bad = json.dumps(_with(chip, False, {"mains": {"pin": 22 if chip != "esp32" else 24}}))
+    assert "does not exist on an ESP32" in _board(tmp_path, bad)

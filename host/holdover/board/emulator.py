@@ -79,11 +79,13 @@ class Emulator:
         on_line: Callable[[str], None] | None = None,
         serial: tuple[str, int] | None = None,
         reset_cause: str = "power_on",
+        ticks_start: int = 0,
     ) -> None:
         self.config = Path(config)
         self.control = control
         self.serial = serial
         self.first_cause = reset_cause
+        self.ticks_start = ticks_start  # where the board's ticks_ms starts (it wraps at 2^30)
         self.heap = heap
         self._own_state = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="holdover-emu-"))
@@ -111,6 +113,7 @@ class Emulator:
             "--reset-cause",
             cause,
             *(["--serial", f"{self.serial[0]}:{self.serial[1]}"] if self.serial else []),
+            *(["--ticks-start", str(self.ticks_start)] if self.ticks_start else []),
         ]
 
     def run(self) -> int:

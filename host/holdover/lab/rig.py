@@ -46,6 +46,7 @@ class Rig:
         firmware: dict[str, Any] | None = None,
         serial: bool = False,
         reset_cause: str = "power_on",
+        ticks_start: int = 0,
         on_line: Callable[[str], None] | None = None,
         on_seen: Callable[[Seen], None] | None = None,
     ) -> None:
@@ -61,6 +62,7 @@ class Rig:
         self.hooks = hooks or []
         self.protect = protect
         self.reset_cause = reset_cause
+        self.ticks_start = ticks_start
         self.firmware_extra = firmware or {}  # sections merged over the defaults below
         self.serial_addr = ("127.0.0.1", free_port()) if serial else None
         self.on_line = on_line or (lambda line: None)
@@ -133,6 +135,7 @@ class Rig:
             on_line=self._line,
             serial=self.serial_addr,
             reset_cause=self.reset_cause,
+            ticks_start=self.ticks_start,
         )
         self.emulator.start_thread()
         self.control.connect()
