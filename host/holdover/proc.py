@@ -52,6 +52,10 @@ def _display(cmd: Command) -> str:
     return cmd if isinstance(cmd, str) else " ".join(cmd)
 
 
+def _argv(cmd: Command) -> list[str]:
+    return ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+
+
 def _env(env: Mapping[str, str] | None) -> dict[str, str] | None:
     return None if env is None else {**os.environ, **env}
 
@@ -79,26 +83,15 @@ async def run(
     """Run a command to completion inside the event loop; never raises for the command's own faults."""
     started = time.monotonic()
     try:
-        if isinstance(cmd, str):
-            p = await asyncio.create_subprocess_shell(
-                cmd,
-                env=_env(env),
-                cwd=cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
-        else:
-            p = await asyncio.create_subprocess_exec(
-                *cmd,
-                env=_env(env),
-                cwd=cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+        p = await asyncio.create_subprocess_exec(
+            *_argv(cmd),
+            env=_env(env),
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
     except OSError as e:
         return Result(_display(cmd), "not_started", None, str(e), time.monotonic() - started)
 
@@ -150,8 +143,7 @@ def run_sync(
     started = time.monotonic()
     try:
         p = subprocess.Popen(
-            cmd,
-            shell=isinstance(cmd, str),
+            _argv(cmd),
             env=_env(env),
             cwd=cwd,
             stdin=subprocess.DEVNULL,

@@ -172,13 +172,6 @@ class BridgeThread:
         self.thread.start()
         return self
 
-    def _react(self, event: Event) -> None:
-        for r in self.reactions:
-            try:
-                r.on_event(event)
-            except Exception:  # one broken reaction must not keep the event from the others
-                log.exception("reaction %s failed on %s from %s", type(r).__name__, event.kind, event.sid)
-
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.bridge.stop)
         self.thread.join(15)
