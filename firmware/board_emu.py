@@ -266,6 +266,7 @@ class Board:
         self._mains_cfg = None
         self.app = None
         self._clock = 0  # seconds added by NTP's set_time
+        self._synced = False
         self._serial_clients = []
         self._serial_out = []
         self._serial_kick = asyncio.Event()
@@ -281,11 +282,16 @@ class Board:
         return ((a - b + _TICKS_HALF) & (TICKS_PERIOD - 1)) - _TICKS_HALF
 
     def now_unix(self):
+        # As on the chip (board_esp32): no wall time until NTP has set the clock, so events
+        # carry ts: null until then, and the bridge must cope with both.
+        if not self._synced:
+            return None
         return int(time.time()) + self._clock
 
     def set_time(self, unix):
         # The host's clock is the emulator's RTC; NTP's answer only shifts it.
         self._clock = unix - int(time.time())
+        self._synced = True
 
     def console(self, line):
         print(line)

@@ -507,7 +507,11 @@ def test_ntp_sets_the_clock_once_the_uplink_is_up(rig_factory) -> None:
         hb = rig.wait("heartbeat", 10, since=time.monotonic())
         with Journal(rig.dir / "journal.db", readonly=True) as j:
             ev = j.events(kind="heartbeat", limit=1)[0]
+            boot = j.events(kind="boot", limit=1)[0]
         assert abs(ev.ts - NTP_TIME) < 30, (ev.ts, hb)
+        # Before the first sync the board has no wall time: the boot event said so, and the
+        # bridge took it all the same.
+        assert boot.ts is None
     finally:
         ntp.close()
 
