@@ -78,10 +78,10 @@ class MainsWatch:
 
     def poll(self, now):
         """One sample; returns True when the debounced state flipped."""
-        gap = self.board.ticks_diff(now, self.alive_ms)
-        if gap > self.gap + self.sample:
+        since = self.board.ticks_diff(now, self.alive_ms)
+        if since > self.gap + self.sample:
             self.stalls += 1
-            self.stalled_ms += gap
+            self.stalled_ms += since
             # The loop was held up (a long GC, a slow flash write, a starved process in the
             # emulator): interrupts were not handled either, so "no edges" during the stall
             # proves nothing. Absence counts again from now; a real cut is reported that late.

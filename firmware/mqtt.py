@@ -180,18 +180,11 @@ class Client:
                 await asyncio.wait_for_ms(w.wait_closed(), 1000)
             except Exception:
                 pass
-        keep = []
         for m in self.outbox:
             # Unsent again: a new connection gives it a new packet id, so no stale PUBACK matches.
             m.sent_ms = None
             m.tries = 0
             m.pid = 0
-            if m.retain:
-                # A retained topic needs only its newest value: states sent into a dead link
-                # would otherwise pile up, one per event, in the heap.
-                keep = [k for k in keep if not (k.retain and k.topic == m.topic)]
-            keep.append(m)
-        self.outbox = keep
 
     async def _write(self, data):
         async with self._lock:

@@ -10,8 +10,6 @@
 # one costs a backoff, never the task.
 
 STAT_IDLE = 1000  # network.STAT_IDLE on the esp32 port
-STAT_CONNECTING = 1001
-STAT_GOT_IP = 1010
 
 
 class WifiKeeper:
@@ -23,7 +21,6 @@ class WifiKeeper:
         self.up = False
         self.joins = 0  # times the link came up
         self.errors = 0  # WLAN calls that raised
-        self.last_status = None
 
     def _call(self, what, *args):
         try:
@@ -33,15 +30,7 @@ class WifiKeeper:
             self.log("wlan", what, "failed:", repr(e))
             return None
 
-    def _status(self):
-        s = self._call("status")
-        if s != self.last_status:
-            self.last_status = s
-        return s
-
-    async def _connect(self):
-        if not self.cfg["ssid"]:
-            return
+    def _connect(self):
         self.log("wlan", "connecting to", self.cfg["ssid"])
         self._call("connect", self.cfg["ssid"], self.cfg["password"])
 
@@ -50,7 +39,7 @@ class WifiKeeper:
 
         ticks, diff = self.board.ticks_ms, self.board.ticks_diff
         self._call("active", True)
-        await self._connect()
+        self._connect()
         backoff = 1000
         down_since = ticks()
         while True:
@@ -68,15 +57,15 @@ class WifiKeeper:
                 self.up = False
                 down_since = now
                 self.log("wlan", "down; the driver reconnects by itself")
-            status = self._status()
-            if status == STAT_CONNECTING and diff(now, down_since) < self.cfg["connect_timeout_ms"]:
-                continue  # the driver is at it: a connect() now would raise "Wifi Internal Error"
+            status = self._call("status")
             if status != STAT_IDLE and diff(now, down_since) < self.cfg["connect_timeout_ms"]:
-                continue  # between its own retries (no AP found, beacon timeout): it goes on
+                # The driver is at it (connecting, or between its own retries after "no AP
+                # found" or a beacon timeout): a connect() now would raise "Wifi Internal Error".
+                continue
             # Idle (nothing requested) or stuck past the timeout: start over, after a pause.
             self.log("wlan", "no connection, status", status, "; retrying in", backoff, "ms")
             self._call("disconnect")
             await asyncio.sleep_ms(backoff)
             backoff = min(backoff * 2, 60000)
-            await self._connect()
+            self._connect()
             down_since = ticks()
