@@ -86,7 +86,12 @@ class _ADC:
         self.board = board
 
     def read_uv(self):
-        return int(self.board.world["battery_v"] / self.DIVIDER * 1000000)
+        # The ESP32's ADC is noisy (tens of mV a reading); "adc_noise_v" puts that much on each.
+        v = self.board.world["battery_v"]
+        noise = self.board.world.get("adc_noise_v") or 0
+        if noise:
+            v += noise * (getrandbits(16) / 32767.5 - 1)
+        return max(0, int(v / self.DIVIDER * 1000000))
 
 
 class _Relay:
@@ -103,6 +108,21 @@ class _Relay:
         # The pin level a real driver would see, recorded beside the coil state.
         self.board.world["relay_pin"] = (0 if v else 1) if self.active_low else (1 if v else 0)
         self.board._set("relay", bool(v))
+
+
+class _Led:
+    """The status LED: its level and the times it last changed, for a test to read the blink."""
+
+    def __init__(self, board):
+        self.board = board
+        self.on = False
+        self.changes = []  # ticks of the last few switches on
+
+    def value(self, v):
+        on = bool(v)
+        if on and not self.on:
+            self.changes = self.changes[-7:] + [self.board.ticks_ms()]
+        self.on = on
 
 
 class _WDT:
@@ -254,7 +274,7 @@ class Board:
             pass
         self._world_path = self.state_dir + "/world.json"
         self._nvs_path = self.state_dir + "/nvs.json"
-        self.spool_path = self.state_dir + "/spool.jsonl"
+        self.outbox_path = self.state_dir + "/outbox.jsonl"
         # The physical world outlives a reboot of the chip; a rebooted board sees it as it was.
         self.world = _read_json(self._world_path, {"mains": True, "battery_v": 4.1, "wlan": True})
         self._nvs = _read_json(self._nvs_path, {})
@@ -263,6 +283,7 @@ class Board:
         self._links = []
         self._zombies = []
         self._wdt = None
+        self._led = None
         self._mains_cfg = None
         self.app = None
         self._clock = 0  # seconds added by NTP's set_time
@@ -330,6 +351,10 @@ class Board:
 
     def relay(self, num, active_low):
         return _Relay(self, active_low)
+
+    def led(self, num, active_low):
+        self._led = _Led(self)
+        return self._led
 
     def adc(self, num):
         return _ADC(self)
@@ -403,6 +428,15 @@ class Board:
             if (self.world.get("ghost_hz") or 0) and pin.handler is not None:
                 pin.handler(pin)
 
+    async def _discharge(self):
+        step_ms = 100
+        while True:
+            await asyncio.sleep_ms(step_ms)
+            rate = self.world.get("discharge_v_per_s") or 0
+            if rate:
+                # Straight into the world, not through _set: ten file writes a second buy nothing.
+                self.world["battery_v"] = max(0.0, self.world["battery_v"] - rate * step_ms / 1000)
+
     async def _watchdog(self):
         while True:
             await asyncio.sleep_ms(200)
@@ -448,6 +482,13 @@ class Board:
         if k == "battery_v":
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 30:
                 return {"ok": False, "error": "battery_v: expected a voltage 0..30"}
+            self._set("discharge_v_per_s", 0)  # a set voltage ends a running discharge
+            self._set(k, float(v))
+            return {"ok": True, k: float(v)}
+        if k in ("discharge_v_per_s", "adc_noise_v"):
+            # A discharge runs the battery voltage down at this rate until 0 or a set battery_v.
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 5:
+                return {"ok": False, "error": "%s: expected volts 0..5" % k}
             self._set(k, float(v))
             return {"ok": True, k: float(v)}
         if k == "reset":
@@ -475,8 +516,17 @@ class Board:
                 }
             if v == "relay":
                 return {"ok": True, "relay": bool(self.world.get("relay")), "pin": self.world.get("relay_pin")}
-            return {"ok": False, "error": "get: expected state, world, ticks, adc, mem or relay"}
+            if v == "led":
+                if self._led is None:
+                    return {"ok": False, "error": "get: this board config has no status LED"}
+                d = self._led_periods()
+                return {"ok": True, "led": self._led.on, "periods_ms": d}
+            return {"ok": False, "error": "get: expected state, world, ticks, adc, mem, relay or led"}
         return {"ok": False, "error": "unknown command %r" % k}
+
+    def _led_periods(self):
+        c = self._led.changes
+        return [self.ticks_diff(c[i + 1], c[i]) for i in range(len(c) - 1)]  # no itertools on the board
 
     def _reply(self, line):
         try:
@@ -572,6 +622,7 @@ class Board:
         self._tasks = [
             asyncio.create_task(self._pulses()),
             asyncio.create_task(self._ghosts()),
+            asyncio.create_task(self._discharge()),
             asyncio.create_task(self._radio()),
             asyncio.create_task(self._watchdog()),
         ]

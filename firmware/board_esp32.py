@@ -41,7 +41,7 @@ SERIAL_BACKLOG = 32  # event lines waiting for the UART; the oldest go when the 
 class Board:
     name = "esp32"
     config_path = "/config.json"
-    spool_path = "/spool.jsonl"
+    outbox_path = "/outbox.jsonl"
 
     def __init__(self):
         self._nvs = esp32.NVS("holdover")
@@ -103,6 +103,9 @@ class Board:
         # coil off through boot (with the module's own pull-up, see hardware/pins.md).
         pin = machine.Pin(num, machine.Pin.OUT, value=1 if active_low else 0)
         return machine.Signal(pin, invert=active_low)
+
+    def led(self, num, active_low):
+        return machine.Signal(machine.Pin(num, machine.Pin.OUT, value=1 if active_low else 0), invert=active_low)
 
     def adc(self, num):
         # ADC1 only (GPIO 32-39): ADC2 is taken by the WiFi driver. 11 dB reads up to ~3.1 V,

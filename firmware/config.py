@@ -173,6 +173,13 @@ SPEC = {
         "cycles_per_hour": (int, 2, _rng(0, 60)),
         "cycle_on_battery": (bool, False, None),
     },
+    "led": {
+        # A status LED (see led.py for its blink grammar); -1: none. The devkits' own LED is
+        # GPIO2 on an ESP32; the S3 and C3 devkits carry an addressable RGB LED instead, which
+        # this plain on/off driver cannot light: wire a LED and resistor to a free pin there.
+        "pin": (int, -1, _rng(-1, 48)),
+        "active_low": (bool, False, None),
+    },
     "ntp": {
         "host": (str, "", None),  # an IPv4 literal (the router, the bridge host); empty: no NTP
         "port": (int, 123, _rng(1, 65535)),
@@ -209,6 +216,9 @@ _CHIPS = {
         "uart0": (1, 3),
         "usb": (),
         "strapping": (0, 2, 5, 12, 15),  # 0: boot mode; 12: flash voltage
+        # The devkit's own LED (through a resistor to ground, which keeps GPIO2 low at reset as
+        # download mode wants): the one strapping pin a status LED may use.
+        "onboard_led": 2,
         "input_only": _r(34, 39),
         "adc1": _r(32, 39),
         "adc2": (0, 2, 4, 12, 13, 14, 15, 25, 26, 27),
@@ -252,11 +262,11 @@ def _pin_problem(role, pin, cfg):
         return "GPIO%d is UART0, the USB serial channel" % pin
     if pin in c["usb"]:
         return "GPIO%d is the chip's native USB, the serial channel on boards without a UART bridge" % pin
-    if pin in c["strapping"]:
+    if pin in c["strapping"] and not (role == "status LED" and pin == c.get("onboard_led")):
         # Held by a relay driver, an opto output or a battery divider at reset, these pick the
         # boot mode or the flash voltage.
         return "GPIO%d is a strapping pin; a %s on it can stop the chip booting" % (pin, role)
-    if role == "relay" and pin in c["input_only"]:
+    if role in ("relay", "status LED") and pin in c["input_only"]:
         return "GPIO%d is input-only" % pin
     if role == "mains input" and pin in c["input_only"] and cfg["mains"]["pull_up"]:
         return "GPIO%d has no internal pull-up; fit one and set mains.pull_up false" % pin
@@ -269,7 +279,7 @@ def _pin_problem(role, pin, cfg):
 
 def _check_pins(cfg, errs):
     used = {}
-    for key, role in (("mains", "mains input"), ("relay", "relay"), ("battery", "battery ADC")):
+    for key, role in (("mains", "mains input"), ("relay", "relay"), ("battery", "battery ADC"), ("led", "status LED")):
         pin = cfg[key]["pin"]
         if pin is None or pin < 0:
             continue
@@ -347,7 +357,8 @@ def problems(raw):
 def validate(raw):
     errs, cfg = problems(raw)
     if errs:
-        raise ConfigError(errs[0])
+        # All of them: the board's dicts have no order, so a "first" problem would be arbitrary.
+        raise ConfigError("; ".join(errs))
     return cfg
 
 

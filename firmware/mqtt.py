@@ -61,8 +61,6 @@ class Message:
         self.pid = 0
         self.sent_ms = None  # ticks of the last send on the current connection, None = unsent
         self.tries = 0
-        self.span = None  # where it sits in the spool, for a message the spool owns
-        self.on_ack = None
 
 
 class Client:
@@ -104,7 +102,7 @@ class Client:
 
     # --- API used by the application; none of it awaits -----------------------------
 
-    def publish(self, topic, payload, retain=False, qos=1, critical=False, first=False, span=None, on_ack=None):
+    def publish(self, topic, payload, retain=False, qos=1, critical=False, first=False):
         if retain:
             # A retained topic only ever needs its newest value: replace one still unsent, and
             # forget one sent but unacknowledged (into a dead link, say; its PUBACK, should it
@@ -117,8 +115,6 @@ class Client:
                         return m
                     self.outbox.remove(m)
         m = Message(topic, payload, retain, qos, critical)
-        m.span = span
-        m.on_ack = on_ack
         if first:
             self.outbox.insert(0, m)
         else:
@@ -136,11 +132,11 @@ class Client:
         return len(self.outbox)
 
     def _drop_one(self):
-        # Telemetry goes first; a critical message is dropped only when nothing else is left,
-        # and one the spool owns never (it is on flash, and the spool bounds how many there are).
+        # Telemetry goes first; a critical message only when nothing else is left (an event
+        # dropped here is still on flash in the sentinel's outbox, which sends it again).
         victim = None
         for m in self.outbox:
-            if m.span is None and (victim is None or (victim.critical and not m.critical)):
+            if victim is None or (victim.critical and not m.critical):
                 victim = m
                 if not m.critical:
                     break
@@ -346,8 +342,6 @@ class Client:
                     if m.pid == pid and m.sent_ms is not None:
                         self.outbox.remove(m)
                         self._kick.set()
-                        if m.on_ack:
-                            m.on_ack(m)
                         break
             elif kind == PUBLISH:
                 qos = (head >> 1) & 3

@@ -58,7 +58,11 @@ CRITICAL_KINDS = (MAINS_LOST, MAINS_RESTORED, BATTERY_LOW, BATTERY_CRITICAL, BAT
 STATE_KIND = "state"
 CMD_KIND = "cmd"
 ACK_KIND = "ack"
-KINDS = EVENT_KINDS + (STATE_KIND, CMD_KIND, ACK_KIND)
+# The bridge's receipt for events it has journaled, on the cmd topic or the serial line: the
+# sentinel keeps each event until one names it (end-to-end, where PUBACK is only the broker's).
+EVACK_KIND = "evack"
+EVACK_MAX = 16  # events named in one receipt
+KINDS = EVENT_KINDS + (STATE_KIND, CMD_KIND, ACK_KIND, EVACK_KIND)
 
 # Rejection reasons, stable strings the journal and tests rely on.
 OVERSIZED = "oversized"
@@ -276,6 +280,22 @@ def peek_sid(payload):
     if not valid_sid(s):
         raise ProtocolError(SCHEMA, "sid: invalid %r" % (s,))
     return s
+
+
+def check_evack(data):
+    """The data of an evack body: returns [(boot, seq), ...] or raises ProtocolError(SCHEMA, ...)."""
+    got = data.get("events")
+    if not isinstance(got, list) or not 1 <= len(got) <= EVACK_MAX:
+        raise ProtocolError(SCHEMA, "events: must be a list of 1..%d [boot, seq] pairs" % EVACK_MAX)
+    out = []
+    for e in got:
+        if not isinstance(e, list) or len(e) != 2:
+            raise ProtocolError(SCHEMA, "events: each must be [boot, seq]")
+        boot, seq = e
+        if not isinstance(boot, str) or not 4 <= len(boot) <= 32 or not _int(seq) or seq < 1:
+            raise ProtocolError(SCHEMA, "events: bad [boot, seq] %r" % (e,))
+        out.append((boot, seq))
+    return out
 
 
 def check_command(data):

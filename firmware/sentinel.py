@@ -4,9 +4,10 @@
 # power-watch task never awaits the network, and the watchdog is fed from its health,
 # not from MQTT's: a sentinel whose broker is gone must keep watching, not reboot.
 #
-# Every event goes three ways: a line on the USB serial port at once, a line in the spool on
-# flash, and from there (a few at a time) into the MQTT queue, leaving the spool only when
-# the broker has acknowledged it. Heartbeats are telemetry: RAM only, dropped first.
+# Every event goes into the outbox on flash and from there, a few at a time, out as a line on
+# the USB serial port and into the MQTT queue; it leaves the outbox only on the bridge's signed
+# receipt, and is sent again with backoff until then. Heartbeats are telemetry: RAM only,
+# dropped first.
 import asyncio
 import binascii
 import gc
@@ -15,13 +16,13 @@ import sys
 
 import mains
 import mqtt
+import outbox
 import protocol
-import spool
 import wifi
 
 WDT_MS = 8000
 WATCH_STALE_MS = 2000  # the power watch must have sampled this recently to feed the WDT
-SPOOL_CAP = 48 * 1024  # bytes of flash for undelivered events (~150 events)
+OUTBOX_CAP = 48 * 1024  # bytes of flash for unreceipted events (~150 events)
 CRASH_CAUSES = ("wdt", "hard")  # resets that count towards safe mode; power_on never does
 
 
@@ -47,9 +48,8 @@ class Sentinel:
         self._disco_next = None  # the next Home Assistant discovery message to send, or None
         self.cmd_seq = 0  # the highest command seq accepted in this boot
         self.cmd_refused = 0
-        self.spool = spool.Spool(board.spool_path, SPOOL_CAP)
-        self._window = min(4, cfg["mqtt"]["queue_len"] // 2)  # spooled events in RAM at once (the rest wait on flash)
-        self._inflight = 0
+        window = min(8, cfg["mqtt"]["queue_len"] // 2)  # events in RAM at once (the rest wait on flash)
+        self.outbox = outbox.Outbox(board, board.outbox_path, OUTBOX_CAP, self._send_event, window)
         st = protocol.topic(self.sid, protocol.STATUS)
         self.mqtt = mqtt.Client(
             board,
@@ -63,7 +63,11 @@ class Sentinel:
         self.mqtt.subscribe(protocol.topic(self.sid, protocol.CMD))
         self.mains = mains.MainsWatch(board, cfg["mains"], self._mains_changed)
         self.wifi = wifi.WifiKeeper(board.wlan(), cfg["wlan"], board, self.log)
-        self.battery = self.uplink = self.relay = None
+        self.battery = self.uplink = self.relay = self.led = None
+        if cfg["led"]["pin"] >= 0:
+            import led
+
+            self.led = led.StatusLed(board, cfg["led"], self._health)
         if cfg["battery"]["pin"] >= 0:
             import battery
 
@@ -135,32 +139,23 @@ class Sentinel:
                 data[protocol.RUNTIME] = r
         payload = self._seal(kind, data)
         self.raised[kind] = self.raised.get(kind, 0) + 1
-        self.board.serial_out(payload)
         critical = kind in protocol.CRITICAL_KINDS
         if kind == protocol.HEARTBEAT:
+            self.board.serial_out(payload)
             self.mqtt.publish(protocol.topic(self.sid, protocol.EVENT), payload, qos=1)
-        elif self.spool.append(payload, critical):
-            self._feed()
-        else:
-            # Spool full: the event still goes, from RAM, where a reset would lose it.
-            self.log("spool", "full, %s seq %d kept in RAM only" % (kind, self.seq))
-            self.mqtt.publish(protocol.topic(self.sid, protocol.EVENT), payload, qos=1, critical=critical)
+        elif not self.outbox.append(payload, critical):
+            # Outbox full: the event still goes, from RAM, where a reset would lose it.
+            self.log("outbox", "full, %s seq %d kept in RAM only" % (kind, self.seq))
+            self._send_event(payload, True, None)
         self.log("event", kind, "seq", self.seq)
         self.publish_state()
 
-    def _feed(self):
-        t = protocol.topic(self.sid, protocol.EVENT)
-        while self._inflight < self._window:
-            got = self.spool.read()
-            if got is None:
-                return
-            self._inflight += 1
-            self.mqtt.publish(t, got[2], qos=1, critical=True, span=(got[0], got[1]), on_ack=self._acked)
-
-    def _acked(self, m):
-        self._inflight -= 1
-        self.spool.acked(m.span[0], m.span[1])
-        self._feed()
+    def _send_event(self, payload, first, handle):
+        # Serial every time: it is the channel left when the LAN is dead, and a line is cheap.
+        self.board.serial_out(payload)
+        if handle is not None and handle in self.mqtt.outbox:
+            return handle  # still queued for the broker: the link sends it when it can
+        return self.mqtt.publish(protocol.topic(self.sid, protocol.EVENT), payload, qos=1, critical=True)
 
     def publish_state(self):
         try:
@@ -189,8 +184,9 @@ class Sentinel:
             "dropped": self.mqtt.dropped,
             "mqtt_oversized": self.mqtt.oversized,
             "sub_failed": self.mqtt.sub_failed,
-            "spool_bytes": self.spool.pending(),
-            "spool_refused": self.spool.refused,
+            "outbox_bytes": self.outbox.pending(),
+            "outbox_refused": self.outbox.refused,
+            "outbox_resent": self.outbox.resent,
             "cmd_refused": self.cmd_refused,
             "mem_free": gc.mem_free(),
             "relay": self.relay.on if self.relay else None,
@@ -200,12 +196,15 @@ class Sentinel:
         }
         if self.uplink:
             s["targets"] = self.uplink.snapshot()
+        if self.led:
+            s.update(self.led.snapshot())
         if self.battery:
             s.update(self.battery.snapshot())
             s[protocol.RUNTIME] = self.runtime_s()
         return s
 
     def _on_connect(self):
+        self.outbox.hurry()
         # Birth first, so "online" is not stuck behind a backlog of queued events.
         self.mqtt.publish(protocol.topic(self.sid, protocol.STATUS), protocol.ONLINE, retain=True, first=True)
         self.publish_state()
@@ -228,6 +227,12 @@ class Sentinel:
         """Verify and run one relay command; every verified command is answered with an ack."""
         try:
             msg = protocol.open_envelope(payload, self.signer, self.sid)
+            if msg["kind"] == protocol.EVACK_KIND and not retained:
+                # A receipt is idempotent (it can only release an event the bridge has), so
+                # neither its boot nor its sequence needs to be fresh.
+                for boot, seq in protocol.check_evack(msg["data"]):
+                    self.outbox.receipt(boot, seq)
+                return
             if msg["kind"] != protocol.CMD_KIND:
                 raise protocol.ProtocolError(protocol.SCHEMA, "kind %r is not a command" % msg["kind"])
         except protocol.ProtocolError as e:
@@ -306,6 +311,19 @@ class Sentinel:
     def _relay_switched(self, on, why):
         self.emit(protocol.RELAY, {"on": on, "why": why})
 
+    def _health(self):
+        """What the status LED shows: error when the bridge cannot hear us, warning when a
+        watched thing is wrong, ok otherwise."""
+        import led
+
+        if self.safe_mode or not self.mqtt.connected:
+            return led.ERROR
+        if self.on_battery() or (self.uplink and self.uplink.up is False):
+            return led.WARNING
+        if self.battery and self.battery.level != "ok":
+            return led.WARNING
+        return led.OK
+
     # --- housekeeping ----------------------------------------------------------------------
 
     async def _supervise(self):
@@ -320,10 +338,11 @@ class Sentinel:
                 self.crashes = 0
                 self.board.nvs_set("crashes", 0)
                 self.log("boot", "stable; crash count cleared")
+            self.outbox.pump()  # resends that are due
             try:
-                self.spool.flush()
+                self.outbox.flush()
             except OSError as e:  # a full or failing flash must not stop the watch
-                self.log("spool", "flush failed:", repr(e))
+                self.log("outbox", "flush failed:", repr(e))
             self._discover_one()
             gc.collect()
             # The live heap, measured after a collection: before one it only shows garbage piling up.
@@ -396,8 +415,8 @@ class Sentinel:
         present = await self.mains.settle()
         if self.battery:
             self.battery.read()
-        if self.spool.pending():
-            self.log("spool", "%d bytes from before the reset still to deliver" % self.spool.pending())
+        if self.outbox.pending():
+            self.log("outbox", "%d bytes from before the reset still to deliver" % self.outbox.pending())
         if self.safe_mode:
             self.log("boot", "SAFE MODE after %d crash resets: uplink, relay, NTP, discovery off" % self.crashes)
         self.emit(
@@ -426,6 +445,8 @@ class Sentinel:
             tasks.append(("battery", self.battery.run))
         if self.uplink:
             tasks.append(("uplink", self.uplink.run))
+        if self.led:
+            tasks.append(("led", self.led.run))
         await asyncio.gather(*[asyncio.create_task(self._keep(n, f)) for n, f in tasks])
 
     async def _keep(self, name, start):

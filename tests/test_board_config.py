@@ -75,8 +75,9 @@ def test_check_config_prints_every_problem_by_key(tmp_path: Path) -> None:
     for key in ("colour: unknown key", "sentinel_id:", "key: must be at least", "mqtt.host: must be an IPv4",
                 "mqtt.port:", "mains.pin: GPIO6 is wired to the module's SPI flash", "relay.pin:"):  # fmt: skip
         assert key in out.stderr, (key, out.stderr)
-    # The board stops at the first of them, with the same words.
-    assert _board(tmp_path, json.dumps(bad)).startswith("error: colour: unknown key")
+    # The board names every one of them too, with the same words, whatever order its dicts keep.
+    board = _board(tmp_path, json.dumps(bad))
+    assert board.startswith("error: ") and all(key in board for key in ("colour: unknown key", "relay.pin:")), board
     f.write_text(json.dumps(GOOD))
     ok = subprocess.run([str(holdover), "check-config", str(f)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and ok.stdout.strip().endswith(": ok")
@@ -102,6 +103,10 @@ PIN_CASES = [
     ("esp32c3", False, {"relay": {"pin": 21}}, "relay.pin: GPIO21 is UART0"),
     ("esp32c3", False, {"battery": {"pin": 5}}, "battery.pin: GPIO5 is on ADC2"),
     ("esp32c3", False, {"battery": {"pin": 6}}, "battery.pin: GPIO6 has no ADC; use ADC1 (GPIO0-4)"),
+    ("esp32", False, {"led": {"pin": 0}}, "led.pin: GPIO0 is a strapping pin"),
+    ("esp32", False, {"led": {"pin": 35}}, "led.pin: GPIO35 is input-only"),
+    ("esp32", False, {"led": {"pin": 26}}, "led.pin: GPIO26 is already relay.pin"),
+    ("esp32c3", False, {"led": {"pin": 2}}, "led.pin: GPIO2 is a strapping pin"),
 ]
 
 # A pin map per chip that follows every rule (the hardware page's recommendation).
@@ -115,7 +120,7 @@ GOOD_MAPS = {
 def _with(chip: str, psram: bool, extra: dict) -> dict:
     cfg = {**GOOD, "chip": chip, "psram": psram, **GOOD_MAPS[chip]}
     for k, v in extra.items():
-        cfg[k] = {**cfg[k], **v}
+        cfg[k] = {**cfg.get(k, {}), **v}
     return cfg
 
 
@@ -123,6 +128,13 @@ def _with(chip: str, psram: bool, extra: dict) -> dict:
 def test_pins_are_checked_per_chip_and_role(chip: str, psram: bool, extra: dict, message: str) -> None:
     problems = check_text(json.dumps(_with(chip, psram, extra)))
     assert any(message in p for p in problems), problems
+
+
+def test_a_status_led_may_use_the_esp32_devkits_own_led_pin_and_no_other_strapping_pin() -> None:
+    assert check_text(json.dumps(_with("esp32", False, {"led": {"pin": 2}}))) == []
+    assert any(
+        "GPIO5 is a strapping pin" in p for p in check_text(json.dumps(_with("esp32", False, {"led": {"pin": 5}})))
+    )
 
 
 @pytest.mark.parametrize("chip", sorted(GOOD_MAPS))

@@ -46,13 +46,16 @@ def test_random_and_mutated_payloads_never_raise(gate: Gate) -> None:
     assert all(r["reason"] != "internal" for r in gate.journal.rejections())
 
 
-def test_genuine_event_once_then_replayed(gate: Gate) -> None:
-    assert gate.mqtt(EVENT, _sealed(), False).accepted
+def test_genuine_event_once_then_a_duplicate_that_is_receipted_again(gate: Gate) -> None:
+    first = gate.mqtt(EVENT, _sealed(), False)
+    assert first.accepted and first.receipt is not None
     v = gate.mqtt(EVENT, _sealed(), False)
-    assert (v.accepted, v.reason) == (False, protocol.REPLAYED)
+    # The sentinel sends again until it has a receipt: a repeat is expected, answered, not journaled.
+    assert (v.accepted, v.reason, v.event, v.receipt) == (False, protocol.DUPLICATE, None, first.receipt)
     # The same seq in another boot is a different event.
     assert gate.mqtt(EVENT, _sealed(boot="0therb00t"), False).accepted
-    assert [r["reason"] for r in gate.journal.rejections()] == ["replayed"]
+    assert gate.journal.rejections() == []
+    assert gate.mqtt(EVENT, _sealed(kind="heartbeat", seq=40), False).receipt is None  # telemetry: no receipt
 
 
 def test_retained_event_and_wrong_kinds_are_refused(gate: Gate) -> None:

@@ -72,10 +72,17 @@ def test_power_cut_on_the_sentinel_gets_a_verified_checkpoint_that_resumes_exact
     ref_losses = losses(ref.finish(120)[0])
     with Toy(tmp_path / "live", "--steps", "100000", "--step-sleep", "0.02") as run:
         run.registration()
-        rig = rig_factory(protect={"registry": str(run.reg_dir), "rescue_dir": str(tmp_path / "rescue"), "grace": 0})
+        # A battery whose runtime (about 20 min at 4.1 V and this load) is far from the bridge's
+        # default (600 s), so the deadline shows which one was used.
+        rig = rig_factory(
+            protect={"registry": str(run.reg_dir), "rescue_dir": str(tmp_path / "rescue"), "grace": 0},
+            firmware={"battery": {"pin": 34, "load_w": 28.0}},
+        )
         rig.wait("boot", timeout=30)
         rig.control.send(mains=False)
-        rig.wait("mains_lost", timeout=10)
+        lost = rig.wait("mains_lost", timeout=10)
+        runtime = lost.info["data"]["runtime_s"]
+        assert 900 < runtime < 1500, runtime
         journal = rig.dir / "journal.db"
 
         def verified():
@@ -88,7 +95,10 @@ def test_power_cut_on_the_sentinel_gets_a_verified_checkpoint_that_resumes_exact
         with Journal(journal, readonly=True) as j:
             actions = [s["action"] for s in j.steps() if s["target"] != "*"]
             assert actions[:2] == ["requested", "queued"] and "done" in actions
-            assert j.rescues()[0]["reason"] == protocol.MAINS_LOST
+            rescue = j.rescues()[0]
+            assert rescue["reason"] == protocol.MAINS_LOST
+            # The sentinel's runtime, less the margin (60 s), set the deadline: not the default.
+            assert abs(rescue["deadline"] - rescue["started"] - (runtime - 60)) < 10, (rescue, runtime)
         assert run.proc.poll() is None  # after_save=continue: the run goes on
     saved = step["step"]
     assert saved < 400

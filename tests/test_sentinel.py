@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import socket
 import struct
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,81 +22,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from conftest import Listener, run_micropython, wait_for
 from holdover.bridge import commands as command
 from holdover.firmware import protocol
-from holdover.journal import Journal
-from holdover.lab.broker import free_port
+from holdover.journal import HOST_BOOT, Journal
 from holdover.lab.rig import Rig
-
-# --- probe targets the tests own ---------------------------------------------------------------
-
-
-class TcpTarget:
-    """A listening socket: open = a reachable target, closed = connection refused (a hard loss)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.sock: socket.socket | None = None
-        self.start()
-
-    def start(self) -> None:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        s.listen(64)
-        self.sock = s
-        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
-
-    def _accept(self, s: socket.socket) -> None:
-        while True:
-            try:
-                c, _ = s.accept()
-            except OSError:
-                return
-            c.close()
-
-    def stop(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-
-class UdpServer:
-    """A UDP responder on loopback; answer(request) gives the reply or None to stay silent."""
-
-    def __init__(self, answer) -> None:
-        self.answer = answer
-        self.port = free_port()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", self.port))
-        self.sock.settimeout(0.2)
-        self.alive = True
-        self.requests = 0
-        self._run = True
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while self._run:
-            try:
-                data, addr = self.sock.recvfrom(2048)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.requests += 1
-            reply = self.answer(data) if self.alive else None
-            if reply is not None:
-                self.sock.sendto(reply, addr)
-
-    def close(self) -> None:
-        self._run = False
-        self.sock.close()
-
-
-def dns_answer(q: bytes) -> bytes | None:
-    # Same id, QR set, RCODE 0 (NOERROR), the question echoed back: what a resolver sends.
-    if len(q) < 12:
-        return None
-    return q[:2] + b"\x81\x80" + q[4:6] + b"\x00\x00\x00\x00\x00\x00" + q[12:]
-
+from holdover.lab.targets import TcpTarget, UdpServer, dns_answer
 
 NTP_TIME = 1924992000  # 2031-01-01T00:00:00Z, far from the host clock, so its effect is visible
 
@@ -156,6 +85,25 @@ def test_one_dead_target_of_three_raises_nothing_and_all_dead_is_lost_within_3s(
         dns.close()
 
 
+def test_a_minute_of_20_percent_probe_loss_on_every_target_raises_nothing(rig_factory) -> None:
+    servers = [UdpServer(dns_answer, drop=0.2, seed=i) for i in range(3)]
+    targets = [{"kind": "dns", "host": "127.0.0.1", "port": u.port, "name": f"r{i}"} for i, u in enumerate(servers)]
+    try:
+        rig = rig_factory(firmware=_uplink(targets))
+        rig.wait("boot", 15)
+        wait_for(lambda: rig.control.send(get="state")["state"]["uplink"] in ("up", "degraded"), 10, "uplink up")
+        time.sleep(60)
+        st = rig.control.send(get="state")["state"]
+        assert rig.count("uplink_lost") == 0, st
+        asked = sum(u.requests for u in servers)
+        assert asked >= 3 * 100  # two rounds a second for a minute
+        dropped = sum(u.dropped for u in servers)
+        assert 0.12 < dropped / asked < 0.28, (dropped, asked)  # the loss was real
+    finally:
+        for u in servers:
+            u.close()
+
+
 def test_a_dns_target_that_answers_servfail_is_down(rig_factory) -> None:
     servfail = UdpServer(lambda q: q[:2] + b"\x81\x82" + q[4:12] + q[12:] if len(q) >= 12 else None)
     try:
@@ -176,13 +124,13 @@ def test_event_raised_while_the_broker_is_down_arrives_once_after_restart(rig_fa
     rig.control.send(mains=False)
     time.sleep(rig.debounce_ms / 1000 + 1.0)
     st = rig.control.send(get="state")["state"]
-    assert st["mains"] is False and st["spool_bytes"] > 0
+    assert st["mains"] is False and st["outbox_bytes"] > 0
     rig.broker.start()
     ev = rig.wait("mains_lost", 30)
     assert ev.info["data"]["on_battery"] is True
     time.sleep(2.0)  # anything sent twice would have come by now
     assert rig.count("mains_lost") == 1
-    wait_for(lambda: rig.control.send(get="state")["state"]["spool_bytes"] == 0, 10, "spool drained")
+    wait_for(lambda: rig.control.send(get="state")["state"]["outbox_bytes"] == 0, 10, "outbox drained")
 
 
 def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
@@ -192,11 +140,11 @@ def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
     rig.control.send(mains=False)
     time.sleep(rig.debounce_ms / 1000 + 0.5)
     rig.control.send(mains=True)
-    time.sleep(rig.debounce_ms / 1000 + 1.5)  # and the spool's position saved (once a second)
+    time.sleep(rig.debounce_ms / 1000 + 1.5)  # and the outbox's position saved (once a second)
     rig.control.send(mains=False)
     time.sleep(rig.debounce_ms / 1000 + 0.5)
     raised = rig.control.send(get="state")["state"]
-    assert raised["spool_bytes"] > 0
+    assert raised["outbox_bytes"] > 0
     rig.control.raw(b'{"reset": true}')  # the supervisor boots it again, as the chip would
     wait_for(lambda: rig.emulator and rig.emulator.boots == 2, 15, "second boot")
     rig.control.close()
@@ -212,7 +160,7 @@ def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
     assert kinds.count("mains_lost") == 2 and kinds.count("mains_restored") == 1, old
     # Delivered in the order raised, and each exactly once.
     assert [s for _, s in old] == sorted(s for _, s in old)
-    new = [e for e in evs if e.boot != boot_a]
+    new = [e for e in evs if e.boot not in (boot_a, HOST_BOOT)]  # the bridge's own presence events aside
     assert new[0].kind == "boot" and new[0].data["reset_cause"] == "hard"
     assert any(e.kind == "mains_lost" and e.data.get("at_boot") for e in new)
     # The old boot's events arrived before the new boot's, as raised.
@@ -228,17 +176,17 @@ def test_serial_only_delivery_with_the_wlan_down_then_deduplicated(rig_factory) 
     # A UART keeps nothing for a reader that is not there: cut only once the bridge holds the port.
     assert rig.bridge is not None
     wait_for(lambda: all(s.connected.is_set() for s in rig.bridge.bridge.serial), 10, "the serial port open")
-    # And once the boot event is acknowledged: a PUBACK lost in the radio drop would bring it
-    # back by QoS 1, which the bridge counts as a replay (end-to-end acks are issue 17's).
-    wait_for(lambda: rig.control.send(get="state")["state"]["spool_bytes"] == 0, 15, "boot event acknowledged")
+    wait_for(lambda: rig.control.send(get="state")["state"]["outbox_bytes"] == 0, 15, "boot event receipted")
     rig.control.send(wlan=False)
     t0 = time.monotonic()
     rig.control.send(mains=False)
     ev = rig.wait("mains_lost", 10, since=t0)
     assert ev.info["source"] == "serial"
     assert "runtime_s" not in ev.info["data"] or ev.info["data"]["runtime_s"] > 0
-    rig.control.send(wlan=True)  # the spool now delivers the same event over MQTT
-    wait_for(lambda: rig.control.send(get="state")["state"]["spool_bytes"] == 0, 30, "spool drained over MQTT")
+    # The bridge's receipt came back by the cable: the outbox lets it go with the WLAN still down.
+    wait_for(lambda: rig.control.send(get="state")["state"]["outbox_bytes"] == 0, 10, "receipted over serial")
+    rig.control.send(wlan=True)  # the copy still queued for MQTT goes out now, and is a duplicate
+    wait_for(lambda: rig.bridge.bridge.view(rig.sid).duplicates >= 1, 30, "the MQTT copy")
     time.sleep(1.0)
     assert rig.count("mains_lost") == 1
     assert rig.bridge is not None
@@ -301,6 +249,29 @@ def test_battery_low_and_critical_with_hysteresis_carry_the_runtime(rig_factory)
     rig.control.send(battery_v=4.0)
     rig.wait("battery_ok", 15)
     assert rig.count("battery_low") == 1 and rig.count("battery_critical") == 1
+
+
+def test_a_noisy_discharge_crosses_low_and_critical_once_each(rig_factory) -> None:
+    rig = rig_factory(firmware=BATTERY)
+    rig.wait("boot", 15)
+    # The chip's ADC noise, +-50 mV a reading at the battery: the averaging and hysteresis must hold.
+    rig.control.send(adc_noise_v=0.05)
+    rig.control.send(mains=False)
+    rig.wait("mains_lost", 10)
+    t = time.monotonic()
+    rig.control.send(battery_v=3.625)  # 30 %: right on the low threshold, wobbling across it
+    low = rig.wait("battery_low", 10, since=t)
+    time.sleep(3)
+    assert rig.count("battery_low") == 1 and rig.count("battery_ok") == 0
+    rig.control.send(discharge_v_per_s=0.04)  # to 3.3 V in ~8 s
+    crit = rig.wait("battery_critical", 20, since=t)
+    assert crit.info["data"]["runtime_s"] < low.info["data"]["runtime_s"]
+    # Now it wobbles around the critical threshold (3.4 V is 10 %) with the noise on top.
+    rig.control.send(battery_v=3.4)
+    time.sleep(4)
+    assert (rig.count("battery_low"), rig.count("battery_critical"), rig.count("battery_ok")) == (1, 1, 0)
+    world = rig.control.send(get="world")["world"]
+    assert world["discharge_v_per_s"] == 0  # a set voltage ended the discharge
 
 
 # --- relay commands ---------------------------------------------------------------------------------
@@ -478,6 +449,33 @@ def test_modem_power_cycle_policy_respects_the_hourly_cap_and_the_battery(rig_fa
 # --- staying alive ------------------------------------------------------------------------------------
 
 
+def _led_settles(rig: Rig, shown: str, period_ms: int, timeout: float) -> None:
+    """The status LED shows `shown`, and its last two blinks had the pattern's period (+-15 %)."""
+
+    def blinking() -> bool:
+        if rig.control.send(get="state")["state"]["led"] != shown:
+            return False
+        periods = rig.control.send(get="led")["periods_ms"][-2:]
+        return len(periods) == 2 and all(abs(p - period_ms) < period_ms * 0.15 for p in periods)
+
+    wait_for(blinking, timeout, f"the LED showing {shown} with a {period_ms} ms period")
+
+
+def test_the_status_led_says_ok_warning_and_error_by_its_blink(rig_factory) -> None:
+    rig = rig_factory(firmware={"led": {"pin": 2}, "mqtt": {"keepalive_s": 2}})
+    rig.wait("boot", 15)
+    _led_settles(rig, "ok", 3000, 15)  # a blip every 3 s: alive and well
+    rig.control.send(mains=False)
+    rig.wait("mains_lost", 10)
+    _led_settles(rig, "warning", 1000, 8)  # on battery: a slow blink
+    # The broker out of reach: nobody hears this sentinel, which is worse than being on battery.
+    rig.control.send(wlan=False)
+    _led_settles(rig, "error", 200, 15)
+    rig.control.send(wlan=True)
+    rig.control.send(mains=True)
+    _led_settles(rig, "ok", 3000, 30)
+
+
 def _seed_nvs(rig: Rig, crashes: int) -> None:
     d = rig.dir / "board"
     d.mkdir(parents=True, exist_ok=True)
@@ -542,6 +540,22 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
             assert c["stat_t"] == protocol.topic(rig.sid, protocol.STATE)
         assert got[f"homeassistant/binary_sensor/{node}/mains/config"]["dev_cla"] == "power"
         assert got[f"homeassistant/switch/{node}/relay/config"]["cmd_t"] == protocol.topic(rig.sid, "relay/set")
+    finally:
+        lis.close()
+
+    # Removed on request: every config emptied, and a fresh subscriber gets none of them back.
+    bridge_cfg = rig.dir / "holdover.toml"
+    assert bridge_cfg.exists()
+    holdover = Path(sys.executable).parent / "holdover"
+    out = subprocess.run(
+        [str(holdover), "ha-remove", rig.sid, "--config", str(bridge_cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert sorted(line.split()[1] for line in out.stdout.splitlines() if line.startswith("removed ")) == sorted(got)
+    lis = Listener(rig, ["homeassistant/#"])
+    try:
+        with pytest.raises(TimeoutError):
+            lis.next(1.5)
     finally:
         lis.close()
 

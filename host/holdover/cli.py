@@ -60,6 +60,32 @@ def check_config(
     typer.echo(f"{path}: ok")
 
 
+@app.command("ha-remove")
+def ha_remove(
+    sentinel: str = typer.Argument(..., help="The sentinel's id."),
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the broker)."),
+    prefix: str = typer.Option("homeassistant", help="Home Assistant's discovery prefix."),
+) -> None:
+    """Remove a sentinel's Home Assistant entities (empty their retained discovery configs)."""
+    from holdover.bridge import discovery
+
+    try:
+        cfg = settings_mod.load(config)
+        removed = discovery.remove(cfg.mqtt, sentinel, prefix)
+    except (settings_mod.ConfigError, discovery.DiscoveryError) as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not removed:
+        typer.echo(f"no discovery configs for {sentinel} under {discovery.node_filter(sentinel, prefix)}")
+        return
+    for t in removed:
+        typer.echo(f"removed {t}")
+    typer.echo(
+        f"{len(removed)} entities removed; {sentinel} publishes them again on its next connect "
+        'unless its board config has "ha": {"discovery": false}'
+    )
+
+
 @app.command()
 def emu(
     config: Path = typer.Option(..., "--config", "-c", help="The board's config.json, as it would be on the ESP32."),
@@ -68,7 +94,7 @@ def emu(
         "168K", help="MicroPython heap size; 168K on this 64-bit port holds what ~110K holds on an ESP32."
     ),
     state: Path | None = typer.Option(
-        None, help="Directory for the board's NVS, spool and physical world (default: a temporary one)."
+        None, help="Directory for the board's NVS, outbox and physical world (default: a temporary one)."
     ),
     serial: str | None = typer.Option(
         None, help="HOST:PORT where the board's USB serial port listens; open it as socket://HOST:PORT."

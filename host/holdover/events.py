@@ -26,6 +26,9 @@ SEVERITIES = (INFO, WARNING, CRITICAL)
 SENTINEL = "sentinel"  # raised by the board, signed, over MQTT or serial
 HOST = "host"  # raised on this machine by the bridge or a node reaction
 
+SENTINEL_OFFLINE = "sentinel_offline"  # its last will, or "offline" published (NUT's COMMBAD)
+SENTINEL_ONLINE = "sentinel_online"
+
 
 @dataclass(frozen=True)
 class Kind:
@@ -59,8 +62,8 @@ _KINDS = (
     Kind(protocol.UPLINK_RESTORED, INFO, "internet uplink back at {sid}", resolves=protocol.UPLINK_LOST),
     Kind(protocol.RELAY, INFO, "relay at {sid} switched"),
     # --- from this machine -----------------------------------------------------------------------
-    Kind("sentinel_offline", WARNING, "sentinel {sid} went silent", HOST),
-    Kind("sentinel_online", INFO, "sentinel {sid} is back", HOST, resolves="sentinel_offline"),
+    Kind(SENTINEL_OFFLINE, WARNING, "sentinel {sid} went silent", HOST),
+    Kind(SENTINEL_ONLINE, INFO, "sentinel {sid} is back", HOST, resolves=SENTINEL_OFFLINE),
     Kind("checkpoint_started", WARNING, "emergency checkpoint of {target} started", HOST),
     Kind("checkpoint_verified", INFO, "emergency checkpoint of {target} verified", HOST),
     Kind("checkpoint_failed", CRITICAL, "emergency checkpoint of {target} failed", HOST),

@@ -84,6 +84,8 @@ CREATE TABLE IF NOT EXISTS alerts (
     sent REAL
 );
 """
+HOST_BOOT = "host"  # the boot of events the bridge raises itself (sentinel_offline, ...)
+HOST_SOURCE = "bridge"
 PAYLOAD_KEEP = 1024  # bytes of a rejected payload kept as evidence
 
 
@@ -177,6 +179,16 @@ class Journal:
             body["data"],
         )
 
+    def host_event(self, sid: str, kind: str, data: dict[str, Any]) -> Event:
+        """Journal an event the bridge itself raises about a sentinel (its own numbering, boot HOST_BOOT)."""
+        (last,) = self.db.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE sid=? AND boot=?", (sid, HOST_BOOT)
+        ).fetchone()
+        body = {"sid": sid, "boot": HOST_BOOT, "seq": last + 1, "kind": kind, "ms": 0, "ts": int(time.time())}
+        event = self.accept(HOST_SOURCE, {**body, "data": data})
+        assert event is not None  # one writer per journal: the next number is free
+        return event
+
     def event_source(self, sid: str, boot: str, seq: int) -> str | None:
         """The channel an already journaled event first came by, or None."""
         row = self.db.execute("SELECT source FROM events WHERE sid=? AND boot=? AND seq=?", (sid, boot, seq)).fetchone()
@@ -196,6 +208,10 @@ class Journal:
             "VALUES (?,?,?,?,?,?,?)",
             (event_id, hook, started, ended, outcome, rc, output),
         )
+
+    def status(self, sid: str) -> str | None:
+        row = self.db.execute("SELECT status FROM sentinels WHERE sid=?", (sid,)).fetchone()
+        return row[0] if row else None
 
     def set_status(self, sid: str, status: str) -> None:
         self.db.execute(

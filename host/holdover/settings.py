@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from holdover import events
 from holdover.firmware import protocol
 
 
@@ -77,9 +78,9 @@ class HookSettings(_Strict):
     @field_validator("events")
     @classmethod
     def _known_kinds(cls, v: list[str]) -> list[str]:
-        bad = [k for k in v if k not in protocol.EVENT_KINDS and k != "*"]
+        bad = [k for k in v if k not in events.TABLE and k != "*"]
         if bad:
-            raise ValueError(f"unknown event kind(s) {bad}; known: {', '.join(protocol.EVENT_KINDS)} or '*'")
+            raise ValueError(f"unknown event kind(s) {bad}; known: {', '.join(events.TABLE)} or '*'")
         return v
 
     def matches(self, kind: str, sid: str) -> bool:

@@ -1,4 +1,4 @@
-"""Signed relay commands to a sentinel, and waiting for its answer.
+"""What the bridge signs for a sentinel: relay commands, and receipts for the events it has journaled.
 
 A command names the sentinel's current boot and carries a sequence number above any the
 sentinel has accepted in that boot, so a command recorded earlier, or from before a reboot,
@@ -38,3 +38,16 @@ def build(key: bytes | str, sid: str, boot: str, op: str, ms: int = 0, cid: str 
     protocol.check_command(data)  # refuse here what the board would refuse
     payload = protocol.encode(protocol.Signer(key), sid, boot, next_seq(), 0, int(time.time()), protocol.CMD_KIND, data)
     return payload, data["id"]
+
+
+def build_receipt(key: bytes | str, sid: str, events: list[tuple[str, int]]) -> bytes:
+    """An evack envelope naming journaled events, so the sentinel can let them go from its outbox.
+
+    Its own boot and seq mean nothing to the sentinel (a receipt is idempotent); they are the
+    bridge's, to keep the envelope's schema.
+    """
+    data = {"events": [[b, s] for b, s in events]}
+    protocol.check_evack(data)
+    return protocol.encode(
+        protocol.Signer(key), sid, "bridge", next_seq(), 0, int(time.time()), protocol.EVACK_KIND, data
+    )

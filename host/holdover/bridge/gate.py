@@ -31,6 +31,7 @@ class Verdict:
     status: str | None = None  # set for an accepted status message
     ack: dict[str, Any] | None = None  # set for an accepted command answer
     relay_set: bool | None = None  # set for a Home Assistant switch command (unsigned; forwarded signed)
+    receipt: tuple[str, int] | None = None  # (boot, seq) of an event journaled, now or before: acknowledge it
     reason: str | None = None
     detail: str = ""
 
@@ -79,9 +80,7 @@ class Gate:
                 return self._reject(
                     "mqtt", topic, payload, protocol.MALFORMED, "status must be online or offline", sid=sid
                 )
-            status = payload.decode()
-            self.journal.set_status(sid, status)
-            return Verdict(True, leaf=leaf, sid=sid, status=status)
+            return Verdict(True, leaf=leaf, sid=sid, status=payload.decode())
         if leaf in (protocol.EVENT, protocol.STATE, protocol.CMD_ACK):
             return self._signed("mqtt", topic, payload, sid, leaf, retained)
         if leaf == protocol.RELAY_SET:
@@ -124,24 +123,19 @@ class Gate:
         if retained:
             # Events are never published retained; one that is would replay on every subscribe.
             return self._reject(source, topic, payload, RETAINED_EVENT, f"{kind} seq {body['seq']}", sid=sid)
+        # Heartbeats are telemetry, never kept or sent again by the sentinel: no receipt.
+        receipt = None if kind == protocol.HEARTBEAT else (body["boot"], body["seq"])
         event = self.journal.accept(source, body)
         if event is None:
+            # Already journaled: by the other channel (serial and MQTT both carry every event), or
+            # sent again because our receipt did not reach the sentinel. Expected either way and
+            # harmless (nothing runs twice): counted and acknowledged again, not journaled.
             first = self.journal.event_source(sid, body["boot"], body["seq"])
-            if first is not None and first != source:
-                # The same event by the other channel (serial and MQTT both carry every event): expected,
-                # so counted but not journaled as a rejection.
-                log.debug("%s seq %d from %s already came by %s", kind, body["seq"], source, first)
-                return Verdict(False, leaf=leaf, sid=sid, reason=protocol.DUPLICATE, detail=f"already via {first}")
-            return self._reject(
-                source,
-                topic,
-                payload,
-                protocol.REPLAYED,
-                f"{kind}: seq {body['seq']} already seen in boot {body['boot']}",
-                sid=sid,
-                leaf=leaf,
+            log.debug("%s seq %d from %s already came by %s", kind, body["seq"], source, first)
+            return Verdict(
+                False, leaf=leaf, sid=sid, reason=protocol.DUPLICATE, detail=f"already via {first}", receipt=receipt
             )
-        return Verdict(True, leaf=leaf, sid=sid, event=event)
+        return Verdict(True, leaf=leaf, sid=sid, event=event, receipt=receipt)
 
     def _state(self, source: str, topic: str | None, payload: bytes, body: dict[str, Any]) -> Verdict:
         sid = body["sid"]

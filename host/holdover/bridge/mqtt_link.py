@@ -21,6 +21,21 @@ SUBSCRIPTIONS = [
 ]
 
 
+class _Client(paho.Client):
+    """paho's client, keeping the reason a connect failed (its loop swallows the OSError)."""
+
+    last_error: OSError | None = None
+
+    def reconnect(self) -> paho.MQTTErrorCode:
+        try:
+            rc = super().reconnect()
+        except OSError as e:
+            self.last_error = e
+            raise
+        self.last_error = None
+        return rc
+
+
 @dataclass(frozen=True)
 class Inbound:
     topic: str | None  # None for a serial line, which has no topic
@@ -28,6 +43,7 @@ class Inbound:
     retained: bool
     rx: float
     source: str = "mqtt"
+    port: str | None = None  # the serial port's URL, for a line: where an answer goes back
 
 
 class MqttLink:
@@ -37,14 +53,18 @@ class MqttLink:
         self.loop = loop
         self.connected = asyncio.Event()
         # A persistent session: the broker queues QoS 1 events while the bridge reconnects.
-        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id, clean_session=False)
+        c = _Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id, clean_session=False)
         if cfg.username:
             c.username_pw_set(cfg.username, cfg.password or None)
-        c.reconnect_delay_set(min_delay=1, max_delay=30)
+        # A broker on the LAN is cheap to retry: back within 2 s of it coming back, not paho's 30.
+        c.reconnect_delay_set(min_delay=1, max_delay=2)
         c.on_connect = self._on_connect
+        c.on_connect_fail = self._on_connect_fail
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
         self.client = c
+        self._failing: tuple[str, float] | None = None  # (reason, since) while connects fail
+        self._said = 0.0
 
     def start(self) -> None:
         self.client.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive)
@@ -64,9 +84,35 @@ class MqttLink:
         if getattr(reason, "is_failure", False):
             log.error("broker %s:%d refused the connection: %s", self.cfg.host, self.cfg.port, reason)
             return
+        if self._failing is not None:
+            log.info(
+                "broker %s:%d reachable again after %.0f s",
+                self.cfg.host,
+                self.cfg.port,
+                time.time() - self._failing[1],
+            )
+            self._failing = None
         log.info("connected to broker %s:%d", self.cfg.host, self.cfg.port)
         client.subscribe([(t, 1) for t in SUBSCRIPTIONS])
         self.loop.call_soon_threadsafe(self.connected.set)
+
+    def _on_connect_fail(self, client: _Client, _ud: object) -> None:
+        e = client.last_error
+        reason = (e.strerror or str(e)) if e is not None else "unknown error"
+        now = time.time()
+        # Every new reason at once, the same one again each minute: a dead broker must be seen
+        # in the log, but not as a line every two seconds.
+        if self._failing is None or self._failing[0] != reason or now - self._said >= 60:
+            since = self._failing[1] if self._failing and self._failing[0] == reason else now
+            log.error(
+                "cannot connect to broker %s:%d: %s (for %.0f s; retrying every 2 s)",
+                self.cfg.host,
+                self.cfg.port,
+                reason,
+                now - since,
+            )
+            self._failing = (reason, since)
+            self._said = now
 
     def _on_disconnect(self, _c: paho.Client, _ud: object, _flags: object, reason: object, _props: object) -> None:
         log.warning("disconnected from broker: %s (paho reconnects)", reason)

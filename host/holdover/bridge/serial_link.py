@@ -108,5 +108,5 @@ class SerialLink:
                 log.debug("serial %s: %s", self.url, line.decode(errors="replace"))
             return
         self.lines += 1
-        item = Inbound(None, line, False, time.time(), SOURCE)
+        item = Inbound(None, line, False, time.time(), SOURCE, self.url)
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)

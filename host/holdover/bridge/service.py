@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from holdover import events
 from holdover.bridge import commands as command
 from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.hooks import HookRunner
@@ -77,6 +78,7 @@ class Bridge:
                 self._relay_set(v.sid, v.relay_set)
             elif v.status is not None:
                 view.status = v.status
+                self._presence(v.sid, v.status, item.retained)
             elif v.state is not None:
                 view.state = v.state["data"]
             elif v.event is not None:
@@ -84,9 +86,35 @@ class Bridge:
                 view.last_event = v.event.kind
                 log.info("event %s from %s (boot %s seq %d)", v.event.kind, v.sid, v.event.boot, v.event.seq)
                 self._react(v.event)
+        if v.receipt is not None and v.sid is not None:
+            self._receipt(v.sid, v.receipt, item)
         if self.on_verdict:
             self.on_verdict(v)
         return v
+
+    def _receipt(self, sid: str, ident: tuple[str, int], item: Inbound) -> None:
+        """Tell the sentinel its event is journaled, by the channel it came: it keeps sending until told."""
+        payload = command.build_receipt(self.settings.keys()[sid], sid, [ident])
+        if item.port is None:
+            if self.link is not None:
+                self.link.publish(protocol.topic(sid, protocol.CMD), payload)
+            return
+        for s in self.serial:
+            if s.url == item.port:
+                # A serial write waits for the UART; off the loop, which must keep taking events.
+                asyncio.get_running_loop().run_in_executor(None, s.write, payload)
+
+    def _presence(self, sid: str, status: str, retained: bool) -> None:
+        # Against the journal's last word, so a bridge restart that reads the retained status
+        # again raises nothing, and a sentinel that dropped off while the bridge was down does.
+        before = self.journal.status(sid)
+        self.journal.set_status(sid, status)
+        if status == before or (before is None and status == protocol.ONLINE):
+            return
+        kind = events.SENTINEL_OFFLINE if status == protocol.OFFLINE else events.SENTINEL_ONLINE
+        event = self.journal.host_event(sid, kind, {"status": status, "was": before, "retained": retained})
+        (log.warning if status == protocol.OFFLINE else log.info)("%s: %s (was %s)", sid, kind, before)
+        self._react(event)
 
     def _react(self, event: Event) -> None:
         for r in self.reactions:

@@ -82,10 +82,14 @@ class Broker:
             raise BrokerError(f"mosquitto did not start; its log:\n{self.log.read_text()[-2000:]}") from None
         return self
 
-    def stop(self) -> None:
+    def stop(self, forget: bool = False) -> None:
+        """Stop it; `forget` also drops what it saved, as a broker without persistence (Mosquitto's
+        default) loses every session and queued message."""
         if self.proc is not None:
             proc.stop(self.proc, grace=10)  # SIGTERM first: mosquitto saves its persistence file on the way out
         self.proc = None
+        if forget:
+            (self.dir / "mosquitto.db").unlink(missing_ok=True)
 
     def restart(self, down_for: float = 0.0) -> None:
         self.stop()
