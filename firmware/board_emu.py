@@ -516,12 +516,15 @@ class Board:
                 }
             if v == "relay":
                 return {"ok": True, "relay": bool(self.world.get("relay")), "pin": self.world.get("relay_pin")}
+            if v == "raised":
+                # Events raised in this boot, by kind: what a soak compares the journal with.
+                return {"ok": True, "raised": self.app.raised if self.app else {}}
             if v == "led":
                 if self._led is None:
                     return {"ok": False, "error": "get: this board config has no status LED"}
                 d = self._led_periods()
                 return {"ok": True, "led": self._led.on, "periods_ms": d}
-            return {"ok": False, "error": "get: expected state, world, ticks, adc, mem, relay or led"}
+            return {"ok": False, "error": "get: expected state, world, ticks, adc, mem, relay, led or raised"}
         return {"ok": False, "error": "unknown command %r" % k}
 
     def _led_periods(self):

@@ -29,10 +29,14 @@ class Relay:
         self.on_switch(on, why)
 
     def set(self, on, why):
-        """Switch now; returns an error reason, or None. A pulse in progress is cancelled."""
+        """Switch now; returns an error reason, or None. A pulse in progress is cancelled: "on"
+        keeps the coil on, "off" ends the pulse early (as its own end would, no minimum interval)."""
         if self.pulsing is not None:
             self.pulsing.cancel()
             self.pulsing = None
+            if not on:
+                self._switch(False, why)
+            return None
         if on == self.on:
             return None
         if self._too_soon():

@@ -39,6 +39,7 @@ class Sentinel:
         self.crashes = self._count_crash()
         self.safe_mode = self.crashes >= cfg["safe_mode"]["after"]
         self.seq = 0
+        self._last_event = 0  # seq of the last event other than a heartbeat, in this boot
         self._t0 = board.ticks_ms()
         self._up_last = self._t0
         self._mains_since_up = 0  # uptime (ms) at the last mains change; the boot state counts from 0
@@ -137,6 +138,12 @@ class Sentinel:
             r = self.runtime_s()
             if r is not None:
                 data[protocol.RUNTIME] = r
+        if kind != protocol.HEARTBEAT:
+            # A chain through the events the outbox keeps, so the bridge can name a gap (one lost
+            # from RAM when the outbox was full, say) even though state and acks share the seq.
+            if self._last_event:
+                data["prev"] = self._last_event
+            self._last_event = self.seq + 1
         payload = self._seal(kind, data)
         self.raised[kind] = self.raised.get(kind, 0) + 1
         critical = kind in protocol.CRITICAL_KINDS

@@ -172,6 +172,27 @@ def test_a_cut_survives_the_bridge_killed_and_the_broker_forgetting_everything(e
     assert st["outbox_resent"] >= 1  # it took a resend: PUBACK alone would have lost it
 
 
+def test_a_signed_event_published_retained_is_refused_live(e2e) -> None:
+    rig, bridge, hooks_file = e2e
+    wait_for(lambda: any(e.kind == "boot" for e in bridge.journal().events()), 20, "the boot event")
+    spy = _publisher(rig)
+    topic = protocol.topic(rig.sid, protocol.EVENT)
+    # Genuinely signed (the test holds the key), but retained: it would replay on every subscribe.
+    ev = protocol.encode(protocol.Signer(rig.key), rig.sid, "feedf00d", 1, 5, None, "mains_lost", {})
+    spy.publish(topic, ev, qos=1, retain=True).wait_for_publish(5)
+    try:
+        # MQTT 5's retain-as-published lets the bridge see the flag on live delivery, too.
+        wait_for(lambda: any(r["reason"] == "retained_event" for r in bridge.journal().rejections()), 10, "refusal")
+        ok = protocol.encode(protocol.Signer(rig.key), rig.sid, "feedf00d", 2, 6, None, "mains_restored", {})
+        spy.publish(topic, ok, qos=1).wait_for_publish(5)  # the same, not retained: accepted
+        wait_for(lambda: _runs(hooks_file), 10, "the hook for the event sent without the flag")
+        assert [r["HOLDOVER_EVENT"] for r in _runs(hooks_file)] == ["mains_restored"]
+    finally:
+        spy.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)  # clear the retained copy
+        spy.loop_stop()
+        spy.disconnect()
+
+
 def test_forged_and_replayed_events_are_rejected_and_journaled(e2e) -> None:
     rig, bridge, hooks_file = e2e
     spy, genuine = _cut_and_capture(rig, hooks_file)

@@ -152,7 +152,7 @@ def test_bad_control_commands_get_an_error_naming_the_problem(rig_factory) -> No
         (b'{"mains": "yes"}', "mains: expected true or false"),
         (b'{"battery_v": -1}', "battery_v"),
         (b'{"teleport": 1}', "unknown command"),
-        (b'{"get": "secrets"}', "get: expected state, world, ticks, adc, mem, relay or led"),
+        (b'{"get": "secrets"}', "get: expected state, world, ticks, adc, mem, relay, led or raised"),
         (b'{"mains": false, "wlan": false}', "exactly one key"),
     ]:
         reply = rig.control.raw(line)

@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 
 from conftest import wait_for
+from holdover.bridge.mqtt_link import Inbound
 from holdover.bridge.service import Bridge, BridgeThread
+from holdover.firmware import protocol
 from holdover.journal import HOST_BOOT, Journal
 from holdover.lab.broker import free_port
 from holdover.settings import Settings
@@ -68,3 +70,23 @@ def test_a_broker_that_refuses_is_named_in_the_log_with_the_reason(tmp_path: Pat
     lines = [r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage()]
     assert lines[0] == f"cannot connect to broker 127.0.0.1:{port}: Connection refused (for 0 s; retrying every 2 s)"
     assert len(lines) == 1, lines
+
+
+def test_an_event_that_names_a_predecessor_never_heard_is_logged_as_a_gap(tmp_path: Path, caplog) -> None:
+    key = "k" * 32
+    s = Settings.model_validate({"journal": {"path": str(tmp_path / "j.db")}, "sentinels": [{"id": "s1", "key": key}]})
+    b = Bridge(s)
+    signer = protocol.Signer(key)
+
+    def event(seq: int, prev: int | None) -> Inbound:
+        data = {"on": True, "why": "command"} | ({"prev": prev} if prev else {})
+        payload = protocol.encode(signer, "s1", "b00tb00t", seq, 10, None, protocol.RELAY, data)
+        return Inbound(protocol.topic("s1", protocol.EVENT), payload, False, time.time())
+
+    caplog.set_level(logging.WARNING, logger="holdover")
+    assert b.handle(event(1, None)).accepted
+    assert b.handle(event(3, 1)).accepted  # seq 2 was a state message: no gap, the chain holds
+    assert b.view("s1").gaps == 0
+    assert b.handle(event(7, 5)).accepted  # 5 was an event, and never came
+    assert b.view("s1").gaps == 1
+    assert "event gap in boot b00tb00t: seq 7 came before seq 5 was heard" in caplog.text

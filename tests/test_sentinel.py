@@ -165,6 +165,7 @@ def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
     assert any(e.kind == "mains_lost" and e.data.get("at_boot") for e in new)
     # The old boot's events arrived before the new boot's, as raised.
     assert max(e.id for e in evs if e.boot == boot_a) < min(e.id for e in new)
+    assert rig.bridge is not None and rig.bridge.bridge.view(rig.sid).gaps == 0  # each named its predecessor
 
 
 # --- the USB serial channel -----------------------------------------------------------------------
@@ -377,6 +378,30 @@ def _retained_state(rig: Rig) -> dict | None:
         lis.close()
 
 
+def test_holdover_relay_sends_a_signed_pulse_and_prints_the_answer(rig_factory) -> None:
+    rig = rig_factory(firmware=RELAY)
+    rig.wait("boot", 15)
+    holdover = Path(sys.executable).parent / "holdover"
+    cmd = [str(holdover), "relay", rig.sid, "--config", str(rig.dir / "holdover.toml")]
+    t = time.monotonic()
+    out = subprocess.run([*cmd[:3], "pulse", "3000", *cmd[3:]], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{rig.sid}: pulse 3000 ms: ok (relay now on)"
+    assert rig.control.send(get="relay")["relay"] is True
+    rig.wait("relay", 5, since=t)
+    # "off" ends the pulse early; "on" right after is inside the minimum interval: refused on the
+    # board, and the reason printed.
+    off = subprocess.run([*cmd[:3], "off", *cmd[3:]], capture_output=True, text=True, timeout=60)
+    assert off.stdout.strip() == f"{rig.sid}: off: ok (relay now off)", off
+    again = subprocess.run([*cmd[:3], "on", *cmd[3:]], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "refused: too_soon" in again.stderr, again
+    assert rig.control.send(get="relay")["relay"] is False
+    bad = subprocess.run([*cmd[:3], "blink", *cmd[3:]], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "op: must be one of on, off, pulse" in bad.stderr, bad
+    stranger = subprocess.run([str(holdover), "relay", "nobody", "on", *cmd[3:]], capture_output=True, text=True)
+    assert stranger.returncode == 2 and "no key for 'nobody'" in stranger.stderr
+
+
 def test_a_pulse_over_the_serial_port_is_answered_there(rig_factory) -> None:
     rig = rig_factory(bridge=False, serial=True, firmware=RELAY)
     port = serial.serial_for_url(rig.serial_url, timeout=0.2)
@@ -422,7 +447,7 @@ def test_modem_power_cycle_policy_respects_the_hourly_cap_and_the_battery(rig_fa
         tgt.stop()
         rig.wait("uplink_lost", 10)
         on = rig.wait("relay", 10)
-        assert on.info["data"] == {"on": True, "why": "uplink_down"}
+        assert {k: on.info["data"][k] for k in ("on", "why")} == {"on": True, "why": "uplink_down"}
         time.sleep(4.0)  # down the whole time: the cap of one an hour holds
         cycles = [s for s in rig.seen if s.what == "relay"]
         assert [s.info["data"]["on"] for s in cycles] == [True, False], cycles

@@ -60,6 +60,36 @@ def check_config(
     typer.echo(f"{path}: ok")
 
 
+@app.command()
+def relay(
+    sentinel: str = typer.Argument(..., help="The sentinel's id."),
+    op: str = typer.Argument(..., help="on, off or pulse."),
+    ms: int = typer.Argument(0, help="For pulse: how long the relay stays on, in ms."),
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (broker and keys)."),
+    timeout: float = typer.Option(10.0, help="Seconds to wait for the sentinel's answer."),
+) -> None:
+    """Switch a sentinel's relay with a signed command and print its answer."""
+    from holdover.bridge import commands
+    from holdover.firmware import protocol
+
+    try:
+        cfg = settings_mod.load(config)
+        key = cfg.keys().get(sentinel)
+        if key is None:
+            raise commands.CommandError(f"no key for {sentinel!r} in {config}")
+        ack = commands.send(cfg.mqtt, key, sentinel, op, ms, timeout)
+    except (settings_mod.ConfigError, commands.CommandError, protocol.ProtocolError) as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(2) from None
+    what = f"{op} {ms} ms" if op == protocol.OP_PULSE else op
+    relay_now = {True: "on", False: "off", None: "none"}[ack.get("relay")]
+    if ack.get("ok"):
+        typer.echo(f"{sentinel}: {what}: ok (relay now {relay_now})")
+        return
+    typer.echo(f"{sentinel}: {what}: refused: {ack.get('reason')}: {ack.get('detail')} (relay {relay_now})", err=True)
+    raise typer.Exit(1)
+
+
 @app.command("ha-remove")
 def ha_remove(
     sentinel: str = typer.Argument(..., help="The sentinel's id."),

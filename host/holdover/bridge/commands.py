@@ -8,12 +8,17 @@ milliseconds, which keeps rising across bridge and CLI restarts.
 
 from __future__ import annotations
 
+import queue
 import secrets
 import threading
 import time
 from typing import Any
 
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
 from holdover.firmware import protocol
+from holdover.settings import MqttSettings
 
 _last = 0
 _lock = threading.Lock()
@@ -51,3 +56,58 @@ def build_receipt(key: bytes | str, sid: str, events: list[tuple[str, int]]) -> 
     return protocol.encode(
         protocol.Signer(key), sid, "bridge", next_seq(), 0, int(time.time()), protocol.EVACK_KIND, data
     )
+
+
+def send(cfg: MqttSettings, key: bytes | str, sid: str, op: str, ms: int = 0, timeout: float = 10.0) -> dict[str, Any]:
+    """Send one relay command through the broker and return the sentinel's verified answer.
+
+    The sentinel's current boot comes from its retained state; the answer is the ack whose id
+    is ours, signed by the sentinel. Raises CommandError naming what is missing.
+    """
+    signer = protocol.Signer(key)
+    boot: list[str] = []
+    acks: queue.Queue[dict[str, Any]] = queue.Queue()
+    subscribed = threading.Event()
+
+    def on_message(_c: paho.Client, _ud: object, m: paho.MQTTMessage) -> None:
+        try:
+            body = protocol.open_envelope(bytes(m.payload), signer, sid)
+        except protocol.ProtocolError:
+            return  # not from this sentinel (or not genuine): not our answer
+        if body["kind"] == protocol.STATE_KIND:
+            boot[:] = [body["boot"]]
+        elif body["kind"] == protocol.ACK_KIND:
+            acks.put(body["data"])
+
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="holdover-cli-" + secrets.token_hex(3))
+    if cfg.username:
+        c.username_pw_set(cfg.username, cfg.password or None)
+    c.on_message = on_message
+    c.on_subscribe = lambda *_a: subscribed.set()
+    try:
+        c.connect(cfg.host, cfg.port, keepalive=30)
+    except OSError as e:
+        raise CommandError(f"cannot reach the broker at {cfg.host}:{cfg.port}: {e.strerror or e}") from None
+    c.loop_start()
+    try:
+        c.subscribe([(protocol.topic(sid, protocol.STATE), 1), (protocol.topic(sid, protocol.CMD_ACK), 1)])
+        deadline = time.monotonic() + timeout
+        while not boot and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not boot:
+            raise CommandError(f"{sid}: no state on the broker in {timeout:.0f} s, so its boot is unknown (online?)")
+        payload, cid = build(key, sid, boot[0], op, ms)
+        c.publish(protocol.topic(sid, protocol.CMD), payload, qos=1)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommandError(f"{sid}: no answer to command {cid} in {timeout:.0f} s")
+            try:
+                ack = acks.get(timeout=left)
+            except queue.Empty:
+                continue
+            if ack.get("id") == cid:
+                return ack
+    finally:
+        c.disconnect()
+        c.loop_stop()

@@ -9,12 +9,16 @@ from dataclasses import dataclass
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from holdover.firmware import protocol
 from holdover.settings import MqttSettings
 
 log = logging.getLogger("holdover.mqtt")
 
+SESSION_EXPIRY_S = 7 * 24 * 3600
 SUBSCRIPTIONS = [
     protocol.topic("+", leaf)
     for leaf in (protocol.STATUS, protocol.STATE, protocol.EVENT, protocol.CMD_ACK, protocol.RELAY_SET)
@@ -52,8 +56,9 @@ class MqttLink:
         self.queue = queue
         self.loop = loop
         self.connected = asyncio.Event()
-        # A persistent session: the broker queues QoS 1 events while the bridge reconnects.
-        c = _Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id, clean_session=False)
+        # MQTT 5, for retain-as-published: under 3.1.1 a broker clears the retain flag on live
+        # delivery, so the gate could not refuse an event someone published retained.
+        c = _Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id, protocol=paho.MQTTv5)
         if cfg.username:
             c.username_pw_set(cfg.username, cfg.password or None)
         # A broker on the LAN is cheap to retry: back within 2 s of it coming back, not paho's 30.
@@ -67,7 +72,13 @@ class MqttLink:
         self._said = 0.0
 
     def start(self) -> None:
-        self.client.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive)
+        # A persistent session: the broker queues QoS 1 events while the bridge is away (a week;
+        # the sentinel's outbox covers anything longer, or a broker that forgets).
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = SESSION_EXPIRY_S
+        self.client.connect_async(
+            self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive, clean_start=False, properties=props
+        )
         self.client.loop_start()
 
     def stop(self) -> None:
@@ -93,7 +104,7 @@ class MqttLink:
             )
             self._failing = None
         log.info("connected to broker %s:%d", self.cfg.host, self.cfg.port)
-        client.subscribe([(t, 1) for t in SUBSCRIPTIONS])
+        client.subscribe([(t, SubscribeOptions(qos=1, retainAsPublished=True)) for t in SUBSCRIPTIONS])
         self.loop.call_soon_threadsafe(self.connected.set)
 
     def _on_connect_fail(self, client: _Client, _ud: object) -> None:

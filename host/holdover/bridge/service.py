@@ -35,6 +35,7 @@ class SentinelView:
     events: int = 0
     rejected: int = 0
     duplicates: int = 0
+    gaps: int = 0  # events that arrived before the one they name as their predecessor
     last_ack: dict[str, Any] | None = None
 
 
@@ -85,6 +86,7 @@ class Bridge:
                 view.events += 1
                 view.last_event = v.event.kind
                 log.info("event %s from %s (boot %s seq %d)", v.event.kind, v.sid, v.event.boot, v.event.seq)
+                self._check_gap(view, v.event)
                 self._react(v.event)
         if v.receipt is not None and v.sid is not None:
             self._receipt(v.sid, v.receipt, item)
@@ -103,6 +105,20 @@ class Bridge:
             if s.url == item.port:
                 # A serial write waits for the UART; off the loop, which must keep taking events.
                 asyncio.get_running_loop().run_in_executor(None, s.write, payload)
+
+    def _check_gap(self, view: SentinelView, event: Event) -> None:
+        # Events name the one before them; the outbox sends in order and again until receipted,
+        # so a missing one is late (a resend still coming) or was lost from the sentinel's RAM.
+        prev = event.data.get("prev")
+        if isinstance(prev, int) and prev > 0 and self.journal.event_source(event.sid, event.boot, prev) is None:
+            view.gaps += 1
+            log.warning(
+                "%s: event gap in boot %s: seq %d came before seq %d was heard (late, or lost on the sentinel)",
+                event.sid,
+                event.boot,
+                event.seq,
+                prev,
+            )
 
     def _presence(self, sid: str, status: str, retained: bool) -> None:
         # Against the journal's last word, so a bridge restart that reads the retained status
