@@ -78,11 +78,13 @@ TOO_SOON = "too_soon"  # a relay switch inside its minimum interval
 DUPLICATE = "duplicate"  # the same event again, by the other channel (MQTT and serial)
 BUSY = "busy"  # a relay pulse already running
 NO_RELAY = "no_relay"  # this sentinel has no relay configured
+EXPIRED = "expired"  # a command stamped further from the board's clock than CMD_TTL_S
 SAFE_MODE = "safe_mode"  # the relay is off limits while the sentinel is in boot-loop safe mode
 
 # Commands to a sentinel (kind "cmd"). The body's boot must be the sentinel's current boot and
 # its seq higher than any command seq that boot has accepted: a command from before a reboot,
 # or one replayed, is refused without any clock on the board. data: {"op", "id", "ms"}.
+CMD_TTL_S = 60  # a command older (or newer) than this by the board's NTP clock is refused
 OP_ON = "on"
 OP_OFF = "off"
 OP_PULSE = "pulse"

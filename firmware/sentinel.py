@@ -258,6 +258,9 @@ class Sentinel:
             reason, detail = protocol.STALE_BOOT, "for boot %s, this is %s" % (msg["boot"], self.boot)
         elif msg["seq"] <= self.cmd_seq:
             reason, detail = protocol.REPLAYED, "seq %d <= %d" % (msg["seq"], self.cmd_seq)
+        elif self._expired(msg["ts"]):
+            reason = protocol.EXPIRED
+            detail = "sent at %s, the board's clock says %d" % (msg["ts"], self.board.now_unix())
         else:
             self.cmd_seq = msg["seq"]  # spent even if refused below: a replay of it stays refused
             try:
@@ -277,6 +280,11 @@ class Sentinel:
         payload = self._seal(protocol.ACK_KIND, ack)
         self.mqtt.publish(protocol.topic(self.sid, protocol.CMD_ACK), payload, qos=1)
         self.board.serial_out(payload)
+
+    def _expired(self, ts):
+        # Only once NTP has set the clock; before that, boot and sequence are the whole guard.
+        now = self.board.now_unix()
+        return now is not None and (ts is None or abs(now - ts) > protocol.CMD_TTL_S)
 
     def relay_on(self):
         return self.relay.on if self.relay else None

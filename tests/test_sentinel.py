@@ -525,7 +525,7 @@ def test_safe_mode_after_crash_loops_but_never_after_power_cycles(rig_factory, c
 def test_ntp_sets_the_clock_once_the_uplink_is_up(rig_factory) -> None:
     ntp = UdpServer(ntp_answer)
     try:
-        rig = rig_factory(firmware={"ntp": {"host": "127.0.0.1", "port": ntp.port}, "heartbeat_s": 1})
+        rig = rig_factory(firmware={**RELAY, "ntp": {"host": "127.0.0.1", "port": ntp.port}, "heartbeat_s": 1})
         wait_for(lambda: ntp.requests, 15, "an NTP query")
         hb = rig.wait("heartbeat", 10, since=time.monotonic())
         with Journal(rig.dir / "journal.db", readonly=True) as j:
@@ -535,6 +535,17 @@ def test_ntp_sets_the_clock_once_the_uplink_is_up(rig_factory) -> None:
         # Before the first sync the board has no wall time: the boot event said so, and the
         # bridge took it all the same.
         assert boot.ts is None
+        # Now the board has a clock (2031, by our NTP server): a command stamped by this machine's
+        # clock is years out and refused as expired; one stamped within a minute of the board's runs.
+        boot_id = _current_boot(rig)
+        t = time.monotonic()
+        stale, cid = command.build(rig.key, rig.sid, boot_id, "on")
+        _publish(rig, stale)
+        ack = _ack(rig, cid, t)
+        assert (ack["ok"], ack["reason"]) == (False, "expired") and ack["detail"].startswith("sent at"), ack
+        fresh, cid = command.build(rig.key, rig.sid, boot_id, "on", ts=NTP_TIME + 5)
+        _publish(rig, fresh)
+        assert _ack(rig, cid, t)["ok"] is True
     finally:
         ntp.close()
 

@@ -35,13 +35,16 @@ def next_seq() -> int:
         return _last
 
 
-def build(key: bytes | str, sid: str, boot: str, op: str, ms: int = 0, cid: str | None = None) -> tuple[bytes, str]:
-    """(envelope, command id) for one relay command."""
+def build(
+    key: bytes | str, sid: str, boot: str, op: str, ms: int = 0, cid: str | None = None, ts: int | None = None
+) -> tuple[bytes, str]:
+    """(envelope, command id) for one relay command, stamped now (or `ts`) for the board's expiry check."""
     data: dict[str, Any] = {"op": op, "id": cid or secrets.token_hex(4)}
     if op == protocol.OP_PULSE:
         data["ms"] = ms
     protocol.check_command(data)  # refuse here what the board would refuse
-    payload = protocol.encode(protocol.Signer(key), sid, boot, next_seq(), 0, int(time.time()), protocol.CMD_KIND, data)
+    stamp = int(time.time()) if ts is None else ts
+    payload = protocol.encode(protocol.Signer(key), sid, boot, next_seq(), 0, stamp, protocol.CMD_KIND, data)
     return payload, data["id"]
 
 
