@@ -90,6 +90,53 @@ def relay(
     raise typer.Exit(1)
 
 
+failover_app = typer.Typer(help="The node's uplink failover.", no_args_is_help=True)
+app.add_typer(failover_app, name="failover")
+
+
+@failover_app.command("status")
+def failover_status(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([failover])."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Probe every uplink once and show which one carries traffic."""
+    import json
+
+    from pyroute2 import IPRoute, NetNS
+    from rich.console import Console
+    from rich.table import Table
+
+    from holdover.node.failover import check
+
+    try:
+        cfg = settings_mod.load(config)
+    except settings_mod.ConfigError as e:
+        typer.echo(f"holdover: bad config: {e}", err=True)
+        raise typer.Exit(2) from None
+    fo = cfg.failover
+    if not fo.uplinks:
+        typer.echo(f"holdover: {config} has no [failover] uplinks", err=True)
+        raise typer.Exit(2)
+    with NetNS(fo.netns) if fo.netns else IPRoute() as ipr:
+        st = check(fo, ipr)
+    if as_json:
+        typer.echo(json.dumps(st, indent=2))
+        return
+    t = Table(title="uplinks" + (" (holdover's failover route in place)" if st["holdover_route"] else ""))
+    for col in ("uplink", "dev", "probes", "rtt ms", "traffic"):
+        t.add_column(col)
+    for u in st["uplinks"]:
+        rtt = f"{u['rtt_ms']:.1f}" if u["rtt_ms"] is not None else "-"
+        t.add_row(
+            u["name"],
+            u["dev"],
+            "ok" if u["up"] else "FAILING",
+            rtt,
+            "<- carries it" if u["name"] == st["active"] else "",
+        )
+    Console().print(t)
+
+
 @app.command("ha-remove")
 def ha_remove(
     sentinel: str = typer.Argument(..., help="The sentinel's id."),

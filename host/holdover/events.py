@@ -28,6 +28,8 @@ HOST = "host"  # raised on this machine by the bridge or a node reaction
 
 SENTINEL_OFFLINE = "sentinel_offline"  # its last will, or "offline" published (NUT's COMMBAD)
 SENTINEL_ONLINE = "sentinel_online"
+FAILOVER = "failover"  # the node's traffic moved to a backup uplink
+FAILBACK = "failback"
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,8 @@ _KINDS = (
     Kind("checkpoint_hung", CRITICAL, "checkpoint of {target} stopped making progress", HOST),
     Kind("rescued", CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
     Kind("lost", CRITICAL, "{target}: nothing could be saved", HOST),
-    Kind("failover", WARNING, "traffic moved to the backup uplink {uplink}", HOST),
-    Kind("failback", INFO, "traffic back on the primary uplink {uplink}", HOST, resolves="failover"),
+    Kind(FAILOVER, WARNING, "traffic moved to the backup uplink {uplink}", HOST),
+    Kind(FAILBACK, INFO, "traffic back on the primary uplink {uplink}", HOST, resolves=FAILOVER),
     Kind("data_cap", WARNING, "backup uplink {uplink} has used {share} of its data cap", HOST),
     Kind("bond_slave_down", WARNING, "bond {bond}: slave {slave} is down, no redundancy left", HOST),
 )

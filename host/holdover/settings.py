@@ -125,6 +125,46 @@ class ProtectSettings(_Strict):
         return v
 
 
+class UplinkSettings(_Strict):
+    name: str = Field(min_length=1)
+    dev: str = Field(min_length=1, max_length=15, description="the interface: wan0, usb0, a 4G dongle's")
+    gateway: str = Field(min_length=7, description="the next hop through it (an IPv4 address)")
+
+
+class FailoverSettings(_Strict):
+    """The node's uplinks, the first the primary; empty: no failover."""
+
+    uplinks: list[UplinkSettings] = Field(default_factory=list)
+    # "host:port" TCP targets, probed out of every uplink. A real site names a few well-known
+    # addresses; tests and benchmarks only ever their own.
+    targets: list[str] = Field(default_factory=list)
+    # 3 bad rounds of 0.4 s: a hard loss is acted on within 1.6 s at the worst phase.
+    interval: float = Field(0.4, ge=0.05, le=60, description="seconds between probe rounds")
+    timeout: float = Field(0.35, gt=0, le=30, description="seconds a probe may take")
+    reliability: int = Field(1, ge=1, description="targets that must answer for a good round")
+    down: int = Field(3, ge=1, description="bad rounds in a row before an uplink is down")
+    up: int = Field(3, ge=1, description="good rounds in a row before it is up again")
+    dwell: float = Field(10.0, ge=0, description="seconds between two switches, at least")
+    failback_after: float = Field(30.0, ge=0, description="seconds the primary must be steady before failback")
+    netns: str | None = Field(None, description="run in this network namespace (tests); default: this machine's")
+
+    @model_validator(mode="after")
+    def _sound(self) -> FailoverSettings:
+        if self.uplinks and len(self.uplinks) < 2:
+            raise ValueError("failover needs a primary and at least one backup uplink")
+        if self.uplinks and not self.targets:
+            raise ValueError("failover needs probe targets")
+        for t in self.targets:
+            host, _, port = t.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"targets: {t!r} is not host:port")
+        if self.targets and self.reliability > len(self.targets):
+            raise ValueError(f"reliability {self.reliability} but only {len(self.targets)} target(s)")
+        if self.timeout >= self.interval:
+            raise ValueError("timeout must be shorter than interval")
+        return self
+
+
 class Settings(_Strict):
     mqtt: MqttSettings = MqttSettings()
     journal: JournalSettings = JournalSettings()
@@ -132,6 +172,7 @@ class Settings(_Strict):
     serial: list[SerialSettings] = Field(default_factory=list)
     hooks: list[HookSettings] = Field(default_factory=list)
     protect: ProtectSettings = ProtectSettings()
+    failover: FailoverSettings = FailoverSettings()
 
     @model_validator(mode="after")
     def _unique_sentinels(self) -> Settings:

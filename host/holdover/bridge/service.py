@@ -20,10 +20,12 @@ from holdover.bridge.serial_link import SerialLink
 from holdover.events import Reaction
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
+from holdover.node.failover import Failover
 from holdover.node.rescue import Rescuer
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")
+NODE = "node"  # the "sentinel" id of events about this machine itself
 
 
 @dataclass
@@ -53,6 +55,14 @@ class Bridge:
         self.rescuer = Rescuer(self.settings.protect, self.journal)
         # Every accepted event goes to each of these, in order; a new capability appends itself.
         self.reactions: list[Reaction] = [self.hooks, self.rescuer]
+        self.failover: Failover | None = None
+        fo = self.settings.failover
+        if fo.uplinks:
+            from pyroute2 import IPRoute, NetNS
+
+            # The routing table of the namespace configured (tests), else this machine's own.
+            self.failover = Failover(fo, NetNS(fo.netns) if fo.netns else IPRoute(), self._node_event)
+            self.reactions.append(self.failover)
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
         self._stop = asyncio.Event()
         self.link: MqttLink | None = None
@@ -105,6 +115,10 @@ class Bridge:
             if s.url == item.port:
                 # A serial write waits for the UART; off the loop, which must keep taking events.
                 asyncio.get_running_loop().run_in_executor(None, s.write, payload)
+
+    def _node_event(self, kind: str, data: dict[str, Any]) -> None:
+        """An event about this machine (failover, failback): journaled under NODE, then reacted to."""
+        self._react(self.journal.host_event(NODE, kind, data))
 
     def _check_gap(self, view: SentinelView, event: Event) -> None:
         # Events name the one before them; the outbox sends in order and again until receipted,

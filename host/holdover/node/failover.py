@@ -1,0 +1,196 @@
+"""Uplink failover on the training node: probe every uplink, judge each, switch routes, fail back.
+
+Each uplink is judged like mwan3 judges one (a round is good when `reliability` targets answer;
+down after `down` bad rounds in a row, up after `up` good ones) but at sub-second pace, so a
+hard loss is acted on in about two seconds instead of mwan3's 25. On top of that, a dwell: no
+two switches closer than `dwell`, and fail-back only once the primary has been up for
+`failback_after`. A sentinel's `uplink_lost` is evidence, not an order: it starts a probe round
+at once rather than waiting for the next tick.
+
+It is a Reaction (events.py): the bridge starts it, hands it every event, and closes it, which
+puts the routes back as they were. A start after a crash first removes what a killed process left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from holdover import events
+from holdover.firmware import protocol
+from holdover.journal import Event
+from holdover.node import probe, routes
+from holdover.settings import FailoverSettings
+
+log = logging.getLogger("holdover.failover")
+
+
+@dataclass
+class Health:
+    """One uplink's verdict from its probe rounds."""
+
+    down_after: int
+    up_after: int
+    up: bool | None = None
+    since: float = 0.0  # when `up` last changed
+    good: int = 0
+    bad: int = 0
+    rounds: int = 0
+    lost: int = 0  # probes that failed, all told
+    sent: int = 0
+    rtt_ms: float | None = None
+
+    def judge(self, ok: bool, now: float) -> bool:
+        """Feed one round; True when the verdict flipped."""
+        self.rounds += 1
+        if ok:
+            self.good, self.bad = self.good + 1, 0
+            flip = self.up is not True and self.good >= self.up_after
+        else:
+            self.bad, self.good = self.bad + 1, 0
+            flip = self.up is not False and self.bad >= self.down_after
+        if flip:
+            self.up = ok
+            self.since = now
+        return flip
+
+
+@dataclass
+class Failover:
+    settings: FailoverSettings
+    ipr: Any  # a pyroute2 IPRoute or NetNS: the only routing table this touches
+    emit: Callable[[str, dict[str, Any]], None]  # (kind, data): a host event to journal and react to
+    clock: Callable[[], float] = time.monotonic
+    uplinks: list[routes.Uplink] = field(init=False)
+    health: dict[str, Health] = field(init=False)
+    _task: asyncio.Task[None] | None = None
+    _nudge: asyncio.Event = field(default_factory=asyncio.Event)
+    repaired: asyncio.Event = field(default_factory=asyncio.Event)  # set once a crash's leftovers are gone
+    _switched: float = -1e9
+    switches: int = 0
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.uplinks = [routes.Uplink(u.name, u.dev, u.gateway) for u in s.uplinks]
+        self.health = {u.name: Health(s.down, s.up) for u in self.uplinks}
+        self._targets = [(h, int(p)) for h, _, p in (t.rpartition(":") for t in s.targets)]
+
+    # --- the Reaction interface -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == protocol.UPLINK_LOST:
+            self._nudge.set()  # evidence: probe now, decide on our own figures
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if await asyncio.to_thread(routes.ours, self.ipr):
+            await asyncio.to_thread(routes.switch_back, self.ipr)
+            log.info("stopping: routes back to the system's own")
+
+    # --- probing and deciding -----------------------------------------------------------------------
+
+    async def _round(self, u: routes.Uplink) -> bool:
+        s = self.settings
+        rtts = await asyncio.gather(*[probe.tcp(u.dev, h, p, s.timeout, s.netns) for h, p in self._targets])
+        h = self.health[u.name]
+        h.sent += len(rtts)
+        h.lost += sum(r is None for r in rtts)
+        answered = [r for r in rtts if r is not None]
+        if answered:
+            h.rtt_ms = min(answered)
+        return len(answered) >= s.reliability
+
+    async def run(self) -> None:
+        # pyroute2's blocking calls run their own event loop: off this one, in a worker thread.
+        left = await asyncio.to_thread(routes.repair, self.ipr)
+        if left:
+            log.warning("removed %d route(s) a previous run left behind (killed mid-failover?)", left)
+        self.repaired.set()
+        while True:
+            t0 = self.clock()
+            verdicts = await asyncio.gather(*[self._round(u) for u in self.uplinks])
+            now = self.clock()
+            for u, ok in zip(self.uplinks, verdicts, strict=True):
+                if self.health[u.name].judge(ok, now):
+                    log.info("uplink %s is %s", u.name, "up" if ok else "down")
+            try:
+                happened = await asyncio.to_thread(self.decide, now)
+            except (OSError, NetlinkError) as e:  # a refused route change must not end the watch
+                log.error("route change failed: %s", e)
+                happened = []
+            for kind, data in happened:  # on the loop's thread: the journal and hooks live there
+                self.emit(kind, data)
+            self._nudge.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudge.wait(), max(0.0, self.settings.interval - (self.clock() - t0)))
+
+    def decide(self, now: float) -> list[tuple[str, dict[str, Any]]]:
+        """Switch if the verdicts say so; returns the events to raise. Blocking (netlink calls):
+        the loop runs it in a worker thread."""
+        primary, backups = self.uplinks[0], self.uplinks[1:]
+        hp = self.health[primary.name]
+        if now - self._switched < self.settings.dwell:
+            return []
+        current = routes.ours(self.ipr)
+        if not current and hp.up is False:
+            backup = next((b for b in backups if self.health[b.name].up), None)
+            if backup is None:
+                return []  # nothing better to go to; the alert says so (sentinel/uplink events)
+            routes.switch_to(self.ipr, backup)
+            self._switched, self.switches = now, self.switches + 1
+            return [self._event(events.FAILOVER, backup, f"{primary.name} down")]
+        if current and hp.up and now - hp.since >= self.settings.failback_after:
+            routes.switch_back(self.ipr)
+            self._switched, self.switches = now, self.switches + 1
+            return [self._event(events.FAILBACK, primary, f"{primary.name} up for {now - hp.since:.0f} s")]
+        return []
+
+    def _event(self, kind: str, uplink: routes.Uplink, why: str) -> tuple[str, dict[str, Any]]:
+        (log.warning if kind == events.FAILOVER else log.info)("%s to %s: %s", kind, uplink.name, why)
+        return kind, {"uplink": uplink.name, "why": why, "uplinks": self.status()["uplinks"]}
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "active": routes.active(self.ipr, self.uplinks),
+            "uplinks": [
+                {
+                    "name": u.name,
+                    "dev": u.dev,
+                    "up": self.health[u.name].up,
+                    "rtt_ms": self.health[u.name].rtt_ms,
+                    "loss_pct": round(100 * self.health[u.name].lost / self.health[u.name].sent, 1)
+                    if self.health[u.name].sent
+                    else None,
+                }
+                for u in self.uplinks
+            ],
+        }
+
+
+def check(settings: FailoverSettings, ipr: Any) -> dict[str, Any]:
+    """One probe round out of every uplink, and which one carries traffic now: what
+    `holdover failover status` prints. It judges nothing and changes no route."""
+    fo = Failover(settings, ipr, lambda _k, _d: None)
+
+    async def probe_all() -> list[bool]:
+        return await asyncio.gather(*[fo._round(u) for u in fo.uplinks])
+
+    answered = asyncio.run(probe_all())
+    out = fo.status()
+    for u, ok in zip(out["uplinks"], answered, strict=True):
+        u["up"] = ok
+    out["holdover_route"] = bool(routes.ours(ipr))
+    return out

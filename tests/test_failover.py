@@ -1,0 +1,184 @@
+"""Uplink failover in real kernel networking: namespaces the test builds, never its own.
+
+The node and the internet are two namespaces joined by two veth pairs (holdover.lab.netlab).
+The failover code is handed the node's namespace and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from holdover import events
+from holdover.bridge.service import NODE, Bridge, BridgeThread
+from holdover.journal import HOST_BOOT, Journal
+from holdover.lab.broker import free_port
+from holdover.lab.netlab import BACKUP, PRIMARY, NetLab
+from holdover.node import routes
+from holdover.node.failover import Failover
+from holdover.settings import FailoverSettings, Settings
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+PORT = 8080
+
+
+def _settings(lab: NetLab, **kw: Any) -> FailoverSettings:
+    return FailoverSettings.model_validate(
+        {
+            "uplinks": [{k: u[k] for k in ("name", "dev", "gateway")} for u in (PRIMARY, BACKUP)],
+            "targets": [f"198.51.100.1:{PORT}"],
+            "netns": lab.node_name,
+            **kw,
+        }
+    )
+
+
+async def _until(pred, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if await asyncio.to_thread(pred):
+            return time.monotonic() - t0
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_silent_primary_fails_over_within_2s_and_fails_back_after_it_is_steady() -> None:
+    with NetLab() as lab:
+        lab.serve(PORT)
+        got: list[tuple[str, dict]] = []
+        switched: list[float] = []
+
+        def emit(kind: str, data: dict) -> None:
+            got.append((kind, data))
+            switched.append(time.monotonic())
+
+        fo = Failover(_settings(lab, dwell=1.0, failback_after=2.0), lab.node, emit)
+
+        async def scenario() -> None:
+            fo.start()
+            await _until(lambda: all(h.up for h in fo.health.values()), 5, "both uplinks judged up")
+            assert lab.connect_from_node(PORT) == PRIMARY["addr"]
+            # The primary's upstream dies without taking the link down: replies just stop.
+            cut = time.monotonic()
+            await asyncio.to_thread(lab.silence, PRIMARY)
+            took = await _until(lambda: lab.connect_from_node(PORT, 0.2) == BACKUP["addr"], 5, "traffic via usb0")
+            assert switched[0] - cut < 2.0, switched[0] - cut  # the defaults: 3 bad rounds of 0.4 s, worst 1.6 s
+            assert took < 2.5, took  # and new connections leave through usb0 from then on
+            assert [k for k, _ in got] == [events.FAILOVER]
+            assert got[0][1]["uplink"] == "usb"
+            assert (await asyncio.to_thread(fo.status))["active"] == "usb"
+            await asyncio.to_thread(lab.silence, PRIMARY, False)
+            t = time.monotonic()
+            await _until(lambda: lab.connect_from_node(PORT, 0.3) == PRIMARY["addr"], 10, "traffic back on wan0")
+            # Up after 3 good rounds, then steady for failback_after: not before.
+            assert time.monotonic() - t >= 2.0
+            assert [k for k, _ in got] == [events.FAILOVER, events.FAILBACK]
+            await fo.close()
+
+        asyncio.run(scenario())
+        assert routes.ours(lab.node) == []
+
+
+def test_a_primary_whose_link_drops_fails_over_and_close_puts_the_routes_back() -> None:
+    with NetLab() as lab:
+        lab.serve(PORT)
+        fo = Failover(_settings(lab), lab.node, lambda k, d: None)
+
+        async def scenario() -> None:
+            fo.start()
+            await _until(lambda: all(h.up for h in fo.health.values()), 5, "both uplinks judged up")
+            await asyncio.to_thread(lab.link, PRIMARY, False)
+            await _until(lambda: lab.connect_from_node(PORT, 0.3) == BACKUP["addr"], 5, "traffic via usb0")
+            await fo.close()  # the bridge stopping mid-outage: the system's own routes again
+
+        asyncio.run(scenario())
+        assert routes.ours(lab.node) == [] and routes.active(lab.node, fo.uplinks) == "wan"
+
+
+def test_a_start_removes_what_a_killed_run_left_in_the_table() -> None:
+    with NetLab() as lab:
+        fo = Failover(_settings(lab), lab.node, lambda k, d: None)
+        routes.switch_to(lab.node, fo.uplinks[1])  # as a run killed mid-failover leaves it
+        assert routes.active(lab.node, fo.uplinks) == "usb" and len(routes.ours(lab.node)) == 1
+
+        async def scenario() -> list:
+            fo.start()
+            await asyncio.wait_for(fo.repaired.wait(), 5)
+            left = await asyncio.to_thread(routes.ours, lab.node)
+            fo._task.cancel()  # stop without close(): nothing of ours should be there to undo anyway
+            return left
+
+        assert asyncio.run(scenario()) == []
+        assert routes.active(lab.node, fo.uplinks) == "wan"
+
+
+def test_failover_settings_refuse_what_cannot_work() -> None:
+    one = {"uplinks": [{"name": "wan", "dev": "wan0", "gateway": "10.1.0.1"}], "targets": ["1.2.3.4:80"]}
+    with pytest.raises(ValueError, match="at least one backup"):
+        FailoverSettings.model_validate(one)
+    two = {"uplinks": one["uplinks"] * 2}
+    with pytest.raises(ValueError, match="needs probe targets"):
+        FailoverSettings.model_validate(two)
+    with pytest.raises(ValueError, match="not host:port"):
+        FailoverSettings.model_validate({**two, "targets": ["1.2.3.4"]})
+    with pytest.raises(ValueError, match="shorter than interval"):
+        FailoverSettings.model_validate({**two, "targets": ["1.2.3.4:80"], "timeout": 1, "interval": 0.5})
+
+
+def test_the_bridge_runs_failover_journals_it_and_runs_its_hook(tmp_path) -> None:
+    ran = tmp_path / "ran"
+    with NetLab() as lab:
+        lab.serve(PORT)
+        s = Settings.model_validate(
+            {
+                "mqtt": {"port": free_port()},  # no broker: failover does not need one
+                "journal": {"path": str(tmp_path / "j.db")},
+                "hooks": [{"events": ["failover"], "run": f"echo $HOLDOVER_EVENT $HOLDOVER_SENTINEL >> {ran}"}],
+                "failover": _settings(lab).model_dump(),
+            }
+        )
+        b = BridgeThread(Bridge(s)).start()
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not all(h.up for h in b.bridge.failover.health.values()):
+                time.sleep(0.05)
+            lab.silence(PRIMARY)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (ran.exists() and ran.read_text()):
+                time.sleep(0.05)
+            assert ran.read_text().split() == ["failover", NODE]
+        finally:
+            b.stop()
+        with Journal(tmp_path / "j.db", readonly=True) as j:
+            ev = j.events(kind="failover")[0]
+        assert (ev.sid, ev.boot, ev.data["uplink"]) == (NODE, HOST_BOOT, "usb")
+        assert routes.ours(lab.node) == []  # the bridge stopping put the routes back
+
+
+def test_failover_status_probes_each_uplink_and_names_the_one_carrying_traffic(tmp_path) -> None:
+    with NetLab() as lab:
+        lab.serve(PORT)
+        cfg = tmp_path / "holdover.toml"
+        fo = _settings(lab).model_dump(exclude_none=True)
+        uplinks = "".join(
+            f'[[failover.uplinks]]\nname = "{u["name"]}"\ndev = "{u["dev"]}"\ngateway = "{u["gateway"]}"\n'
+            for u in fo["uplinks"]
+        )
+        cfg.write_text(f'[failover]\ntargets = {json.dumps(fo["targets"])}\nnetns = "{lab.node_name}"\n{uplinks}')
+        lab.silence(BACKUP)
+        holdover = Path(sys.executable).parent / "holdover"
+        out = subprocess.run(
+            [str(holdover), "failover", "status", "-c", str(cfg), "--json"], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        st = json.loads(out.stdout)
+        assert st["active"] == "wan" and st["holdover_route"] is False
+        assert [(u["name"], u["up"]) for u in st["uplinks"]] == [("wan", True), ("usb", False)]
