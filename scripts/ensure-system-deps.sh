@@ -13,6 +13,8 @@ if [ "$for_what" != demo ]; then
   command -v gdb >/dev/null 2>&1 || need+=(gdb)
   command -v tmux >/dev/null 2>&1 || need+=(tmux)
   command -v ip >/dev/null 2>&1 || need+=(iproute2)
+  # nft imposes random packet loss inside the failover tests' own namespaces (no netem here).
+  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then

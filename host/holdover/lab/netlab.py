@@ -21,6 +21,7 @@ from typing import Any
 from pyroute2 import NetNS
 from pyroute2 import netns as pr_netns
 
+from holdover import proc
 from holdover.node.probe import in_netns
 
 TARGET = "198.51.100.1"
@@ -71,8 +72,12 @@ class NetLab:
 
     # --- the internet side ------------------------------------------------------------------------
 
-    def serve(self, port: int) -> None:
-        """A TCP target in the internet namespace that records who connected."""
+    def serve(self, *ports: int) -> None:
+        """TCP targets in the internet namespace that record who connected."""
+        for port in ports:
+            self._serve(port)
+
+    def _serve(self, port: int) -> None:
         with in_netns(self.inet_name):
             s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -95,6 +100,26 @@ class NetLab:
         """The uplink's far end drops everything back to the node, silently: a dead upstream whose
         link stays up (a blackhole route for the node's address on that side)."""
         self.inet.route("add" if on else "del", dst=uplink["addr"], dst_len=32, type="blackhole")
+
+    def lossy(self, uplink: dict[str, str], pct: int) -> None:
+        """Drop `pct` % of the packets the node sends through this uplink, at random (nftables'
+        numgen, on the far side; this kernel has no netem). 0 removes the rule.
+
+        nft, not pyroute2's nftables API, which does not build numgen expressions; the command
+        runs inside the internet namespace only (`ip netns exec`)."""
+        nft = ["ip", "netns", "exec", self.inet_name, "nft"]
+        table = f"loss_{uplink['far']}"
+        proc.run_sync([*nft, "delete", "table", "ip", table], timeout=10)  # absent the first time: fine
+        if not pct:
+            return
+        for cmd in (
+            ["add", "table", "ip", table],
+            ["add", "chain", "ip", table, "in", "{ type filter hook prerouting priority 0 ; }"],
+            f"add rule ip {table} in ip saddr {uplink['addr']} numgen random mod 100 < {pct} drop".split(),
+        ):
+            r = proc.run_sync([*nft, *cmd], timeout=10)
+            if not r.ok:
+                raise OSError(f"nft {' '.join(cmd)}: {r.describe()}: {r.output.strip()}")
 
     def link(self, uplink: dict[str, str], up: bool) -> None:
         idx = self.inet.link_lookup(ifname=uplink["far"])[0]
