@@ -13,6 +13,8 @@ import sys
 import time
 from random import getrandbits
 
+import line
+
 EXIT_CONFIG = 2
 EXIT_RESET = 42
 EXIT_WDT = 43
@@ -289,8 +291,7 @@ class Board:
         self._clock = 0  # seconds added by NTP's set_time
         self._synced = False
         self._serial_clients = []
-        self._serial_out = []
-        self._serial_kick = asyncio.Event()
+        self._lines = line.Lines(SERIAL_BACKLOG)
         self._tick0 = time.ticks_ms()
         self._tick_start = int(opts.get("ticks-start", "0")) % TICKS_PERIOD
 
@@ -576,25 +577,22 @@ class Board:
 
     # --- the USB serial port, as a TCP port (pyserial opens it as socket://HOST:PORT) -------
 
-    def serial_out(self, line):
-        if not self._serial_clients:
-            return  # nobody on the other end of the cable: the bytes go nowhere
-        if isinstance(line, str):
-            line = line.encode()
-        self._serial_out.append(line)
-        if len(self._serial_out) > SERIAL_BACKLOG:
-            self._serial_out.pop(0)
-        self._serial_kick.set()
+    def serial_out(self, text):
+        if self._serial_clients:  # nobody on the other end of the cable: the bytes go nowhere
+            self._lines.put(text)
 
     async def _serial_writer(self):
+        lines = self._lines
         while True:
-            await self._serial_kick.wait()
-            self._serial_kick.clear()
-            while self._serial_out:
-                line = self._serial_out.pop(0)
+            await lines.kick.wait()
+            lines.kick.clear()
+            while True:
+                out = lines.take()
+                if out is None:
+                    break
                 for w in list(self._serial_clients):
                     try:
-                        w.write(line + b"\n")
+                        w.write(out + b"\n")
                         await asyncio.wait_for_ms(w.drain(), 2000)
                     except Exception:  # a stuck or gone reader is unplugged, the board carries on
                         self._serial_clients.remove(w)
@@ -603,14 +601,10 @@ class Board:
         self._serial_clients.append(w)
         try:
             while True:
-                line = await r.readline()
-                if not line:
+                got = await r.readline()
+                if not got:
                     break
-                if len(line) > 2100:  # longer than any envelope: garbage, like line noise
-                    self.console("# serial: line too long, dropped")
-                    continue
-                if self.app is not None:
-                    self.app.serial_line(line)
+                self._lines.received(got, self.app, self.console)
         except Exception as e:
             print("# emu: serial client error", repr(e))
         if w in self._serial_clients:

@@ -9,6 +9,7 @@ import sys
 import time
 
 import esp32
+import line
 import machine
 import network
 
@@ -47,8 +48,7 @@ class Board:
         self._nvs = esp32.NVS("holdover")
         self._wlan = network.WLAN(network.STA_IF)
         self._time_synced = False
-        self._serial_out = []
-        self._serial_kick = asyncio.Event()
+        self._lines = line.Lines(SERIAL_BACKLOG)
         self.app = None
         self.ticks_ms = time.ticks_ms
         self.ticks_diff = time.ticks_diff
@@ -138,30 +138,31 @@ class Board:
 
     # --- the USB serial port: UART0 through the devkit's USB bridge, shared with the REPL ---
 
-    def serial_out(self, line):
-        self._serial_out.append(line)
-        if len(self._serial_out) > SERIAL_BACKLOG:
-            self._serial_out.pop(0)
-        self._serial_kick.set()
+    def serial_out(self, text):
+        self._lines.put(text)
 
     async def _serial_writer(self):
         # Through a StreamWriter, so a 2 KB line at 115200 baud (~170 ms) is written as the
         # UART drains instead of holding the loop.
         out = asyncio.StreamWriter(sys.stdout, {})
+        lines = self._lines
         while True:
-            await self._serial_kick.wait()
-            self._serial_kick.clear()
-            while self._serial_out:
-                out.write(self._serial_out.pop(0))
+            await lines.kick.wait()
+            lines.kick.clear()
+            while True:
+                got = lines.take()
+                if got is None:
+                    break
+                out.write(got)
                 out.write(b"\n")
                 await out.drain()
 
     async def _serial_reader(self):
         inp = asyncio.StreamReader(sys.stdin)
         while True:
-            line = await inp.readline()
-            if line and len(line) <= 2100 and self.app is not None:
-                self.app.serial_line(line)
+            got = await inp.readline()
+            if got:
+                self._lines.received(got, self.app, self.console)
 
     async def serve(self, app):
         self.app = app

@@ -223,13 +223,6 @@ class Sentinel:
     def _on_message(self, topic, payload, retained):
         self.command(payload, retained, "mqtt")
 
-    def serial_line(self, line):
-        line = line.strip()
-        if line[:1] == b"{":
-            self.command(line, False, "serial")
-        elif line:
-            self.log("serial", "ignored a line that is not a signed command")
-
     def command(self, payload, retained, via):
         """Verify and run one relay command; every verified command is answered with an ack."""
         try:
