@@ -582,20 +582,14 @@ class Board:
             self._lines.put(text)
 
     async def _serial_writer(self):
-        lines = self._lines
         while True:
-            await lines.kick.wait()
-            lines.kick.clear()
-            while True:
-                out = lines.take()
-                if out is None:
-                    break
-                for w in list(self._serial_clients):
-                    try:
-                        w.write(out + b"\n")
-                        await asyncio.wait_for_ms(w.drain(), 2000)
-                    except Exception:  # a stuck or gone reader is unplugged, the board carries on
-                        self._serial_clients.remove(w)
+            out = await self._lines.get()
+            for w in list(self._serial_clients):
+                try:
+                    w.write(out + b"\n")
+                    await asyncio.wait_for_ms(w.drain(), 2000)
+                except Exception:  # a stuck or gone reader is unplugged, the board carries on
+                    self._serial_clients.remove(w)
 
     async def _serial_client(self, r, w):
         self._serial_clients.append(w)

@@ -145,17 +145,10 @@ class Board:
         # Through a StreamWriter, so a 2 KB line at 115200 baud (~170 ms) is written as the
         # UART drains instead of holding the loop.
         out = asyncio.StreamWriter(sys.stdout, {})
-        lines = self._lines
         while True:
-            await lines.kick.wait()
-            lines.kick.clear()
-            while True:
-                got = lines.take()
-                if got is None:
-                    break
-                out.write(got)
-                out.write(b"\n")
-                await out.drain()
+            out.write(await self._lines.get())
+            out.write(b"\n")
+            await out.drain()
 
     async def _serial_reader(self):
         inp = asyncio.StreamReader(sys.stdin)

@@ -15,7 +15,7 @@ class Lines:
     def __init__(self, backlog):
         self.backlog = backlog  # lines waiting for a slow reader; the oldest go, as a UART FIFO's do
         self._out = []
-        self.kick = asyncio.Event()
+        self._kick = asyncio.Event()
         self.dropped = 0
         self.skipped = 0
 
@@ -26,11 +26,14 @@ class Lines:
         if len(self._out) > self.backlog:
             self._out.pop(0)
             self.dropped += 1
-        self.kick.set()
+        self._kick.set()
 
-    def take(self):
-        """The next line to write (without its newline), or None."""
-        return self._out.pop(0) if self._out else None
+    async def get(self):
+        """The next line to write (without its newline), waiting for one."""
+        while not self._out:
+            self._kick.clear()
+            await self._kick.wait()
+        return self._out.pop(0)
 
     def received(self, line, app, log):
         """One line from the host: handed to the sentinel if it can be ours, else skipped."""

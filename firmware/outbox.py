@@ -49,7 +49,7 @@ class Outbox:
         self.path = path
         self.pos_path = path + ".pos"
         self.cap = cap_bytes
-        self.send = send  # (payload, first_try, handle) -> handle
+        self.send = send  # (payload, handle) -> handle
         self.window = window  # events in RAM at once; the rest wait on flash
         self.refused = 0
         self.resent = 0
@@ -122,7 +122,7 @@ class Outbox:
                 continue
             if p.tries:
                 self.resent += 1
-            p.handle = self.send(p.payload, p.tries == 0, p.handle)
+            p.handle = self.send(p.payload, p.handle)
             p.tries += 1
             p.sent = now
             p.delay = min(RETRY_MAX_MS, RETRY_MIN_MS << min(p.tries - 1, 5))

@@ -153,11 +153,11 @@ class Sentinel:
         elif not self.outbox.append(payload, critical):
             # Outbox full: the event still goes, from RAM, where a reset would lose it.
             self.log("outbox", "full, %s seq %d kept in RAM only" % (kind, self.seq))
-            self._send_event(payload, True, None)
+            self._send_event(payload, None)
         self.log("event", kind, "seq", self.seq)
         self.publish_state()
 
-    def _send_event(self, payload, first, handle):
+    def _send_event(self, payload, handle):
         # Serial every time: it is the channel left when the LAN is dead, and a line is cheap.
         self.board.serial_out(payload)
         if handle is not None and handle in self.mqtt.outbox:
