@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyroute2.process import ChildProcess
 
 from holdover import events
 from holdover.bridge.service import NODE, Bridge, BridgeThread
@@ -70,17 +72,20 @@ def test_a_silent_primary_fails_over_within_2s_and_fails_back_after_it_is_steady
             cut = time.monotonic()
             await asyncio.to_thread(lab.silence, PRIMARY)
             took = await _until(lambda: lab.connect_from_node(PORT, 0.2) == BACKUP["addr"], 5, "traffic via usb0")
+            # The route changes on the netlink thread; the event follows on the loop a moment later.
+            await _until(lambda: got, 1, "the failover event")
             assert switched[0] - cut < 2.0, switched[0] - cut  # the defaults: 3 bad rounds of 0.4 s, worst 1.6 s
             assert took < 2.5, took  # and new connections leave through usb0 from then on
             assert [k for k, _ in got] == [events.FAILOVER]
             assert got[0][1]["uplink"] == "usb"
-            assert (await asyncio.to_thread(fo.status))["active"] == "usb"
+            assert (await fo.netlink(fo.status))["active"] == "usb"
             await asyncio.to_thread(lab.silence, PRIMARY, False)
             t = time.monotonic()
-            await _until(lambda: lab.connect_from_node(PORT, 0.3) == PRIMARY["addr"], 10, "traffic back on wan0")
+            await _until(lambda: len(got) == 2, 10, "the failback event")
             # Up after 3 good rounds, then steady for failback_after: not before.
-            assert time.monotonic() - t >= 2.0
+            assert switched[1] - t >= 2.0, switched[1] - t
             assert [k for k, _ in got] == [events.FAILOVER, events.FAILBACK]
+            assert await asyncio.to_thread(lab.connect_from_node, PORT, 0.3) == PRIMARY["addr"]
             await fo.close()
 
         asyncio.run(scenario())
@@ -257,3 +262,23 @@ def test_a_bridge_killed_mid_failover_leaves_a_route_the_next_start_removes(tmp_
             return left
 
         assert asyncio.run(start()) == []
+
+
+def test_pyroute2s_forked_helper_cannot_stop_the_bridge_with_its_sigterm() -> None:
+    # What stopped the bridge in CI: pyroute2 SIGTERMs the child it forks to open a namespace's
+    # socket; with asyncio's handlers inherited, the child's signal reached the parent's loop.
+    # holdover.node.failover, imported above, sets pyroute2.config.disable_mp_signal.
+    async def main() -> bool:
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stopped.set)
+        try:
+            with ChildProcess(target=time.sleep, args=[5]) as child:
+                await asyncio.sleep(0.3)  # the child is in its target when pyroute2 stops it
+                child.stop()
+            await asyncio.sleep(0.3)
+            return stopped.is_set()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    assert asyncio.run(main()) is False

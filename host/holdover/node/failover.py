@@ -18,9 +18,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyroute2.config
 from pyroute2.netlink.exceptions import NetlinkError
 
 from holdover import events
@@ -30,6 +32,12 @@ from holdover.node import probe, routes
 from holdover.settings import FailoverSettings
 
 log = logging.getLogger("holdover.failover")
+
+# pyroute2 makes a namespace's sockets in a forked child and then SIGTERMs it. By default the
+# child keeps the parent's handlers, and asyncio's handler writes the signal to a wakeup pipe the
+# child shares with the bridge: the bridge took the child's SIGTERM for its own and stopped, a
+# second after start, in CI. With this set, the child restores the default action first.
+pyroute2.config.disable_mp_signal = True
 
 
 @dataclass
@@ -81,6 +89,16 @@ class Failover:
         self.uplinks = [routes.Uplink(u.name, u.dev, u.gateway) for u in s.uplinks]
         self.health = {u.name: Health(s.down, s.up) for u in self.uplinks}
         self._targets = [(h, int(p)) for h, _, p in (t.rpartition(":") for t in s.targets)]
+        # Every netlink call runs on this one thread: pyroute2 gives each thread that uses a
+        # namespace's handle a socket of its own, made by a forked child (see disable_mp_signal
+        # above). One thread, its socket made here, before the bridge sets its signal handlers,
+        # forks once, rather than once per worker thread at any time.
+        self._nl = ThreadPoolExecutor(1, thread_name_prefix="holdover-netlink")
+        self._nl.submit(routes.ours, self.ipr).result()
+
+    async def netlink(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the netlink thread: pyroute2's blocking calls, off the loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._nl, fn, *args)
 
     # --- the Reaction interface -------------------------------------------------------------------
 
@@ -96,9 +114,10 @@ class Failover:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if await asyncio.to_thread(routes.ours, self.ipr):
-            await asyncio.to_thread(routes.switch_back, self.ipr)
+        if await self.netlink(routes.ours, self.ipr):
+            await self.netlink(routes.switch_back, self.ipr)
             log.info("stopping: routes back to the system's own")
+        self._nl.shutdown()
 
     # --- probing and deciding -----------------------------------------------------------------------
 
@@ -114,8 +133,7 @@ class Failover:
         return len(answered) >= s.reliability
 
     async def run(self) -> None:
-        # pyroute2's blocking calls run their own event loop: off this one, in a worker thread.
-        left = await asyncio.to_thread(routes.repair, self.ipr)
+        left = await self.netlink(routes.repair, self.ipr)
         if left:
             log.warning("removed %d route(s) a previous run left behind (killed mid-failover?)", left)
         self.repaired.set()
@@ -127,7 +145,7 @@ class Failover:
                 if self.health[u.name].judge(ok, now):
                     log.info("uplink %s is %s", u.name, "up" if ok else "down")
             try:
-                happened = await asyncio.to_thread(self.decide, now)
+                happened = await self.netlink(self.decide, now)
             except (OSError, NetlinkError) as e:  # a refused route change must not end the watch
                 log.error("route change failed: %s", e)
                 happened = []
@@ -139,7 +157,7 @@ class Failover:
 
     def decide(self, now: float) -> list[tuple[str, dict[str, Any]]]:
         """Switch if the verdicts say so; returns the events to raise. Blocking (netlink calls):
-        the loop runs it in a worker thread."""
+        the loop runs it on the netlink thread."""
         primary, backups = self.uplinks[0], self.uplinks[1:]
         hp = self.health[primary.name]
         if now - self._switched < self.settings.dwell:
@@ -189,6 +207,7 @@ def check(settings: FailoverSettings, ipr: Any) -> dict[str, Any]:
         return await asyncio.gather(*[fo._round(u) for u in fo.uplinks])
 
     answered = asyncio.run(probe_all())
+    fo._nl.shutdown()
     out = fo.status()
     for u, ok in zip(out["uplinks"], answered, strict=True):
         u["up"] = ok
