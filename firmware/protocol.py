@@ -124,6 +124,17 @@ def topic(sid, leaf):
     return ROOT + "/" + sid + "/" + leaf
 
 
+NODE = "node"  # what the journal and the node's topics name the training node by: not a sentinel
+ALERTS = ROOT + "/alerts"  # every alert, readable text, from the bridge: for phone MQTT apps on the LAN
+UPLINK = "uplink"  # retained JSON from the node's bridge: which uplink carries traffic, each one's health
+
+
+def node_topic(node, leaf):
+    """A training node's own retained state, published by its bridge (unsigned: information for
+    dashboards and phone apps; nothing acts on it). Four levels, so no sentinel topic matches."""
+    return ROOT + "/" + NODE + "/" + node + "/" + leaf
+
+
 def parse_topic(t):
     """(sid, leaf) for a holdover topic, or None."""
     if not t.startswith(ROOT + "/"):

@@ -14,17 +14,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pyroute2.process import ChildProcess
 
+from conftest import Listener
 from holdover import events
 from holdover.bridge.service import NODE, Bridge, BridgeThread
+from holdover.firmware import protocol
 from holdover.journal import HOST_BOOT, Journal
-from holdover.lab.broker import free_port
-from holdover.lab.netlab import BACKUP, PRIMARY, NetLab
-from holdover.node import routes
+from holdover.lab.broker import Broker, free_port
+from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
+from holdover.node import probe, routes
 from holdover.node.failover import Failover
 from holdover.settings import FailoverSettings, Settings
 
@@ -92,10 +95,23 @@ def test_a_silent_primary_fails_over_within_2s_and_fails_back_after_it_is_steady
         assert routes.ours(lab.node) == []
 
 
-def test_a_primary_whose_link_drops_fails_over_and_close_puts_the_routes_back() -> None:
+def test_icmp_echo_is_bound_to_its_uplink() -> None:
+    with NetLab() as lab:
+
+        async def both() -> list[float | None]:
+            return await asyncio.gather(*[probe.icmp(u["dev"], TARGET, 0.5, lab.node_name) for u in (PRIMARY, BACKUP)])
+
+        assert all(rtt is not None and 0 < rtt < 500 for rtt in asyncio.run(both()))
+        lab.silence(PRIMARY)  # replies to wan0 stop; the default route still points there
+        wan, usb = asyncio.run(both())
+        assert wan is None and usb is not None
+        assert asyncio.run(probe.icmp(BACKUP["dev"], "198.51.100.99", 0.3, lab.node_name)) is None  # nobody there
+
+
+def test_a_primary_whose_link_drops_fails_over_on_icmp_probes_and_close_puts_the_routes_back() -> None:
     with NetLab() as lab:
         lab.serve(PORT)
-        fo = Failover(_settings(lab), lab.node, lambda k, d: None)
+        fo = Failover(_settings(lab, targets=[TARGET]), lab.node, lambda k, d: None)
 
         async def scenario() -> None:
             fo.start()
@@ -132,24 +148,28 @@ def test_failover_settings_refuse_what_cannot_work() -> None:
     two = {"uplinks": one["uplinks"] * 2}
     with pytest.raises(ValueError, match="needs probe targets"):
         FailoverSettings.model_validate(two)
-    with pytest.raises(ValueError, match="not host:port"):
-        FailoverSettings.model_validate({**two, "targets": ["1.2.3.4"]})
+    with pytest.raises(ValueError, match=r"'example\.com' is not an IPv4 address"):
+        FailoverSettings.model_validate({**two, "targets": ["1.2.3.4", "example.com:443"]})
+    with pytest.raises(ValueError, match="port must be 1-65535"):
+        FailoverSettings.model_validate({**two, "targets": ["1.2.3.4:0"]})
+    assert FailoverSettings.model_validate({**two, "targets": ["1.2.3.4", "1.2.3.4:443"]}).targets
     with pytest.raises(ValueError, match="shorter than interval"):
         FailoverSettings.model_validate({**two, "targets": ["1.2.3.4:80"], "timeout": 1, "interval": 0.5})
 
 
-def test_the_bridge_runs_failover_journals_it_and_runs_its_hook(tmp_path) -> None:
+def test_the_bridge_runs_failover_journals_it_runs_its_hook_and_retains_the_uplink_state(tmp_path) -> None:
     ran = tmp_path / "ran"
-    with NetLab() as lab:
+    with NetLab() as lab, Broker(workdir=tmp_path / "broker") as broker:
         lab.serve(PORT)
         s = Settings.model_validate(
             {
-                "mqtt": {"port": free_port()},  # no broker: failover does not need one
+                "mqtt": {"port": broker.port},
                 "journal": {"path": str(tmp_path / "j.db")},
                 "hooks": [{"events": ["failover"], "run": f"echo $HOLDOVER_EVENT $HOLDOVER_SENTINEL >> {ran}"}],
-                "failover": _settings(lab).model_dump(),
+                "failover": {**_settings(lab).model_dump(), "node": "gpu1"},
             }
         )
+        topic = protocol.node_topic("gpu1", protocol.UPLINK)
         b = BridgeThread(Bridge(s)).start()
         try:
             deadline = time.monotonic() + 5
@@ -160,6 +180,15 @@ def test_the_bridge_runs_failover_journals_it_and_runs_its_hook(tmp_path) -> Non
             while time.monotonic() < deadline and not (ran.exists() and ran.read_text()):
                 time.sleep(0.05)
             assert ran.read_text().split() == ["failover", NODE]
+            # A phone app that connects later is told at once: the state is retained.
+            late = Listener(SimpleNamespace(broker=broker), [topic])
+            try:
+                _t, payload, retained = late.next(5, lambda t, p, r: json.loads(p)["active"] == "usb")
+            finally:
+                late.close()
+            state = json.loads(payload)
+            assert retained and state["node"] == "gpu1"
+            assert {u["name"]: u["up"] for u in state["uplinks"]} == {"wan": False, "usb": True}
         finally:
             b.stop()
         with Journal(tmp_path / "j.db", readonly=True) as j:

@@ -128,7 +128,7 @@ def test_a_wedged_run_is_dumped_with_gcore_and_shm_is_copied(tmp_path: Path) -> 
         with Journal(tmp_path / "j.db") as j:
             asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_LOW, runtime_s=300)))
             steps = {x["action"]: x["detail"] for x in j.steps() if x["target"] != "*"}
-            alerts = [a["kind"] for a in j.alerts()]
+            alerts = [e.kind for e in j.events()]
         assert "hung" in steps and "rescued" in steps, steps
         core = Path(steps["gcore"]["core"])
         assert core.is_relative_to(tmp_path / "rescue") and core.stat().st_size == steps["gcore"]["bytes"]
@@ -253,9 +253,9 @@ def test_a_save_that_hits_a_full_disk_alerts_and_falls_back_leaving_the_old_chec
         with Journal(tmp_path / "j.db") as j:
             asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_LOW)))
             failed = [x for x in j.steps() if x["action"] == "failed"]
-            alerts = j.alerts()
+            alerts = j.events(kind="checkpoint_failed")
         assert failed and "disk full" in failed[0]["detail"]["error"]
-        assert any(a["kind"] == "checkpoint_failed" and "disk full" in a["text"] for a in alerts)
+        assert any("disk full" in e.data["detail"] for e in alerts)
         assert ckpt.candidates(mnt) == [Path(first["dir"])]
         assert ckpt.verify(first["dir"]).step == first["step"]
         assert run.proc.poll() is None  # the run keeps training

@@ -27,6 +27,15 @@ def _logging(verbose: bool) -> None:
     )
 
 
+def _config(path: Path) -> settings_mod.Settings:
+    """The bridge's config, or exit 2 naming every problem by key."""
+    try:
+        return settings_mod.load(path)
+    except settings_mod.ConfigError as e:
+        typer.echo(f"holdover: bad config: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def bridge(
     config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config."),
@@ -36,11 +45,7 @@ def bridge(
     from holdover.bridge import Bridge
 
     _logging(verbose)
-    try:
-        cfg = settings_mod.load(config)
-    except settings_mod.ConfigError as e:
-        typer.echo(f"holdover: bad config: {e}", err=True)
-        raise typer.Exit(2) from None
+    cfg = _config(config)
     asyncio.run(Bridge(cfg).run())
 
 
@@ -108,11 +113,7 @@ def failover_status(
 
     from holdover.node.failover import check
 
-    try:
-        cfg = settings_mod.load(config)
-    except settings_mod.ConfigError as e:
-        typer.echo(f"holdover: bad config: {e}", err=True)
-        raise typer.Exit(2) from None
+    cfg = _config(config)
     fo = cfg.failover
     if not fo.uplinks:
         typer.echo(f"holdover: {config} has no [failover] uplinks", err=True)
@@ -135,6 +136,33 @@ def failover_status(
             "<- carries it" if u["name"] == st["active"] else "",
         )
     Console().print(t)
+
+
+@app.command("test-alert")
+def test_alert(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([alerts])."),
+) -> None:
+    """Send one test alert through every configured channel and print each one's result."""
+    import socket
+
+    from holdover.bridge import notify
+
+    cfg = _config(config)
+    if not cfg.alerts.channels:
+        typer.echo(f"holdover: {config} has no [[alerts.channels]]", err=True)
+        raise typer.Exit(2)
+    failed = 0
+    for c in cfg.alerts.channels:
+        r = notify.send(
+            c.url,
+            "holdover test alert",
+            f"from {socket.gethostname()}: if you read this, channel {c.name!r} works",
+            "critical",  # so a channel with any minimum severity shows it
+        )
+        typer.echo(f"{c.name}: " + ("sent" if r.ok else f"FAILED: {r.error}"))
+        failed += not r.ok
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command("ha-remove")

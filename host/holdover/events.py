@@ -40,10 +40,16 @@ class Kind:
     source: str = SENTINEL
     starts_rescue: bool = False
     resolves: str | None = None  # the problem this recovery closes (for alerts and the dashboard)
+    doing: str = ""  # what holdover does about it, for the alert's body
+    alert: bool = True  # worth a person's phone at all (a heartbeat is not)
 
     def describe(self, **fields: object) -> str:
         """The stock message with what is known filled in; a missing field never raises."""
         return self.message.format_map(_Lenient(fields))
+
+    def action(self, **fields: object) -> str:
+        """What holdover does about it, with what is known filled in ('' if nothing)."""
+        return self.doing.format_map(_Lenient(fields))
 
 
 class _Lenient(dict):
@@ -53,28 +59,57 @@ class _Lenient(dict):
 
 _KINDS = (
     # --- from the sentinel -----------------------------------------------------------------------
-    Kind(protocol.BOOT, INFO, "sentinel {sid} booted"),
-    Kind(protocol.HEARTBEAT, INFO, "sentinel {sid} is alive"),
-    Kind(protocol.MAINS_LOST, CRITICAL, "mains power lost at {sid}", starts_rescue=True),
+    Kind(protocol.BOOT, INFO, "sentinel {sid} booted", alert=False),
+    Kind(protocol.HEARTBEAT, INFO, "sentinel {sid} is alive", alert=False),
+    Kind(
+        protocol.MAINS_LOST,
+        CRITICAL,
+        "mains power lost at {sid}",
+        starts_rescue=True,
+        doing="every protected training run gets an emergency checkpoint unless mains is back within the grace",
+    ),
     Kind(protocol.MAINS_RESTORED, INFO, "mains power back at {sid}", resolves=protocol.MAINS_LOST),
-    Kind(protocol.BATTERY_LOW, CRITICAL, "battery low at {sid}: {runtime_s} s left", starts_rescue=True),
-    Kind(protocol.BATTERY_CRITICAL, CRITICAL, "battery critical at {sid}: {runtime_s} s left", starts_rescue=True),
+    Kind(
+        protocol.BATTERY_LOW,
+        CRITICAL,
+        "battery low at {sid}: {runtime_s} s left",
+        starts_rescue=True,
+        doing="emergency checkpoints of every protected training run, inside the runtime left",
+    ),
+    Kind(
+        protocol.BATTERY_CRITICAL,
+        CRITICAL,
+        "battery critical at {sid}: {runtime_s} s left",
+        starts_rescue=True,
+        doing="last checkpoints, then the configured final command",
+    ),
     Kind(protocol.BATTERY_OK, INFO, "battery recovered at {sid}", resolves=protocol.BATTERY_LOW),
-    Kind(protocol.UPLINK_LOST, WARNING, "internet uplink lost at {sid}"),
+    Kind(
+        protocol.UPLINK_LOST,
+        WARNING,
+        "internet uplink lost at {sid}",
+        doing="the node fails over to its backup uplink if one is configured and up",
+    ),
     Kind(protocol.UPLINK_RESTORED, INFO, "internet uplink back at {sid}", resolves=protocol.UPLINK_LOST),
-    Kind(protocol.RELAY, INFO, "relay at {sid} switched"),
+    Kind(protocol.RELAY, INFO, "relay at {sid} switched", alert=False),
     # --- from this machine -----------------------------------------------------------------------
-    Kind(SENTINEL_OFFLINE, WARNING, "sentinel {sid} went silent", HOST),
+    Kind(SENTINEL_OFFLINE, WARNING, "sentinel {sid} went silent", HOST, doing="power and uplink are unwatched"),
     Kind(SENTINEL_ONLINE, INFO, "sentinel {sid} is back", HOST, resolves=SENTINEL_OFFLINE),
     Kind("checkpoint_started", WARNING, "emergency checkpoint of {target} started", HOST),
-    Kind("checkpoint_verified", INFO, "emergency checkpoint of {target} verified", HOST),
+    Kind(
+        "checkpoint_verified",
+        INFO,
+        "emergency checkpoint of {target} verified ({mb} MB at {mb_s} MB/s)",
+        HOST,
+        resolves="checkpoint_started",
+    ),
     Kind("checkpoint_failed", CRITICAL, "emergency checkpoint of {target} failed", HOST),
     Kind("checkpoint_bad", CRITICAL, "emergency checkpoint of {target} does not verify", HOST),
     Kind("checkpoint_late", CRITICAL, "no checkpoint of {target} before the deadline", HOST),
     Kind("checkpoint_hung", CRITICAL, "checkpoint of {target} stopped making progress", HOST),
     Kind("rescued", CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
     Kind("lost", CRITICAL, "{target}: nothing could be saved", HOST),
-    Kind(FAILOVER, WARNING, "traffic moved to the backup uplink {uplink}", HOST),
+    Kind(FAILOVER, WARNING, "traffic moved to the backup uplink {uplink}", HOST, doing="{why}"),
     Kind(FAILBACK, INFO, "traffic back on the primary uplink {uplink}", HOST, resolves=FAILOVER),
     Kind("data_cap", WARNING, "backup uplink {uplink} has used {share} of its data cap", HOST),
     Kind("bond_slave_down", WARNING, "bond {bond}: slave {slave} is down, no redundancy left", HOST),

@@ -75,14 +75,22 @@ CREATE TABLE IF NOT EXISTS rescue_steps (
     action TEXT NOT NULL,
     detail TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS alerts (
+CREATE TABLE IF NOT EXISTS alert_outbox (
     id INTEGER PRIMARY KEY,
     ts REAL NOT NULL,
+    channel TEXT NOT NULL,
     severity TEXT NOT NULL,
     kind TEXT NOT NULL,
-    text TEXT NOT NULL,
-    sent REAL
+    sid TEXT NOT NULL,
+    title TEXT NOT NULL,
+    body TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_try REAL NOT NULL,
+    error TEXT,
+    sent REAL,
+    sent_as INTEGER
 );
+CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (sent, next_try);
 """
 HOST_BOOT = "host"  # the boot of events the bridge raises itself (sentinel_offline, ...)
 HOST_SOURCE = "bridge"
@@ -314,12 +322,49 @@ class Journal:
             out.append(d)
         return out
 
-    def alert(self, severity: str, kind: str, text: str) -> None:
-        self.db.execute(
-            "INSERT INTO alerts (ts, severity, kind, text) VALUES (?,?,?,?)", (time.time(), severity, kind, text)
+    # --- the alert outbox: an alert stays here until its channel took it ---------------------------
+
+    ALERT_COLS = ("id", "ts", "channel", "severity", "kind", "sid", "title", "body", "attempts", "next_try", "error")
+
+    def alert_queue(self, channel: str, severity: str, kind: str, sid: str, title: str, body: str) -> int:
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO alert_outbox (ts, channel, severity, kind, sid, title, body, next_try) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (now, channel, severity, kind, sid, title, body, now),
+        )
+        return cur.lastrowid or 0
+
+    def alerts_due(self, now: float) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            f"SELECT {', '.join(self.ALERT_COLS)} FROM alert_outbox WHERE sent IS NULL AND next_try <= ? ORDER BY id",
+            (now,),
+        )
+        return [dict(zip(self.ALERT_COLS, r, strict=True)) for r in rows]
+
+    def alerts_sent(self, ids: list[int], ts: float, sent_as: int) -> None:
+        """Mark alerts delivered; several merged into one message share `sent_as` (the first's id)."""
+        self.db.executemany(
+            "UPDATE alert_outbox SET sent=?, sent_as=?, error=NULL WHERE id=?", [(ts, sent_as, i) for i in ids]
         )
 
-    def alerts(self) -> list[dict[str, Any]]:
-        cols = ("ts", "severity", "kind", "text", "sent")
-        rows = self.db.execute(f"SELECT {', '.join(cols)} FROM alerts ORDER BY id")
-        return [dict(zip(cols, r, strict=True)) for r in rows]
+    def alert_retry(self, ids: list[int], next_try: float, error: str) -> None:
+        self.db.executemany(
+            "UPDATE alert_outbox SET attempts=attempts+1, next_try=?, error=? WHERE id=?",
+            [(next_try, error, i) for i in ids],
+        )
+
+    def alert_messages_since(self, channel: str, since: float) -> list[float]:
+        """When each message went out on `channel` since `since` (merged alerts count once)."""
+        rows = self.db.execute(
+            "SELECT MIN(sent) FROM alert_outbox WHERE channel=? AND sent>=? GROUP BY sent_as ORDER BY 1",
+            (channel, since),
+        )
+        return [r[0] for r in rows]
+
+    def alerts(self, channel: str | None = None) -> list[dict[str, Any]]:
+        q, args = f"SELECT {', '.join(self.ALERT_COLS)}, sent, sent_as FROM alert_outbox", ()
+        if channel:
+            q, args = q + " WHERE channel=?", (channel,)
+        rows = self.db.execute(q + " ORDER BY id", args)
+        return [dict(zip((*self.ALERT_COLS, "sent", "sent_as"), r, strict=True)) for r in rows]

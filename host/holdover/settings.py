@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import signal
+import socket
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -135,8 +137,9 @@ class FailoverSettings(_Strict):
     """The node's uplinks, the first the primary; empty: no failover."""
 
     uplinks: list[UplinkSettings] = Field(default_factory=list)
-    # "host:port" TCP targets, probed out of every uplink. A real site names a few well-known
-    # addresses; tests and benchmarks only ever their own.
+    # Probed out of every uplink: "ip" for an ICMP echo, "ip:port" for a TCP connect. IP literals
+    # only: a name would need a DNS lookup, through the very uplink that may be dead. A real site
+    # names a few well-known addresses; tests and benchmarks only ever their own.
     targets: list[str] = Field(default_factory=list)
     # 3 bad rounds of 0.4 s: a hard loss is acted on within 1.6 s at the worst phase.
     interval: float = Field(0.4, ge=0.05, le=60, description="seconds between probe rounds")
@@ -147,6 +150,11 @@ class FailoverSettings(_Strict):
     dwell: float = Field(10.0, ge=0, description="seconds between two switches, at least")
     failback_after: float = Field(30.0, ge=0, description="seconds the primary must be steady before failback")
     netns: str | None = Field(None, description="run in this network namespace (tests); default: this machine's")
+    node: str = Field(
+        default_factory=lambda: socket.gethostname().split(".")[0] or "node",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="this node's name in its MQTT topic (holdover/node/NAME/uplink); default: the host name",
+    )
 
     @model_validator(mode="after")
     def _sound(self) -> FailoverSettings:
@@ -155,13 +163,54 @@ class FailoverSettings(_Strict):
         if self.uplinks and not self.targets:
             raise ValueError("failover needs probe targets")
         for t in self.targets:
-            host, _, port = t.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"targets: {t!r} is not host:port")
+            host, colon, port = t.rpartition(":")
+            if not colon:
+                host = port
+            elif not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"targets: {t!r}: the port must be 1-65535 (write ip for ICMP, ip:port for TCP)")
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise ValueError(f"targets: {t!r}: {host!r} is not an IPv4 address (no names)") from None
         if self.targets and self.reliability > len(self.targets):
             raise ValueError(f"reliability {self.reliability} but only {len(self.targets)} target(s)")
         if self.timeout >= self.interval:
             raise ValueError("timeout must be shorter than interval")
+        return self
+
+
+class AlertChannelSettings(_Strict):
+    """One place alerts go: an apprise URL (ntfy, Telegram, Pushover, mailto, Matrix, ...)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    url: str = Field(min_length=3)
+    min_severity: Literal["info", "warning", "critical"] = "warning"
+    per_hour: int = Field(20, ge=1, le=3600, description="messages an hour at most; more are merged into one")
+
+    @field_validator("url")
+    @classmethod
+    def _apprise_knows_it(cls, v: str) -> str:
+        import apprise  # only when alerts are configured: it is a large import
+
+        if apprise.Apprise.instantiate(v, suppress_exceptions=True) is None:
+            scheme = v.split("://")[0] if "://" in v else v
+            raise ValueError(f"apprise cannot use this URL (scheme {scheme!r}, or its parts); see apprise's docs")
+        return v
+
+
+class AlertSettings(_Strict):
+    channels: list[AlertChannelSettings] = Field(default_factory=list)
+    mqtt: bool = Field(True, description="also publish each alert, readable, on holdover/alerts")
+    dedup_s: float = Field(300.0, ge=0, description="the same alert again within this is dropped")
+    flap_window_s: float = Field(300.0, gt=0, description="changes counted over this window")
+    flap_after: int = Field(3, ge=2, description="changes in the window that make it flapping: a summary instead")
+    retry_max_s: float = Field(300.0, gt=0, description="the longest wait between two tries of an unsent alert")
+
+    @model_validator(mode="after")
+    def _unique(self) -> AlertSettings:
+        names = [c.name for c in self.channels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"alert channel names must be unique: {names}")
         return self
 
 
@@ -171,6 +220,7 @@ class Settings(_Strict):
     sentinels: list[SentinelSettings] = Field(default_factory=list)
     serial: list[SerialSettings] = Field(default_factory=list)
     hooks: list[HookSettings] = Field(default_factory=list)
+    alerts: AlertSettings = AlertSettings()
     protect: ProtectSettings = ProtectSettings()
     failover: FailoverSettings = FailoverSettings()
 

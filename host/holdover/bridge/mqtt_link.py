@@ -85,9 +85,9 @@ class MqttLink:
         self.client.disconnect()
         self.client.loop_stop()
 
-    def publish(self, topic: str, payload: bytes) -> None:
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         # paho queues it while disconnected and sends it on reconnect (QoS 1).
-        self.client.publish(topic, payload, qos=1)
+        self.client.publish(topic, payload, qos=1, retain=retain)
 
     # paho's thread from here on: hand everything to the loop, touch nothing else.
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from holdover import events
 from holdover.bridge import commands as command
+from holdover.bridge.alerts import Alerts
 from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.hooks import HookRunner
 from holdover.bridge.mqtt_link import Inbound, MqttLink
@@ -25,7 +28,7 @@ from holdover.node.rescue import Rescuer
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")
-NODE = "node"  # the "sentinel" id of events about this machine itself
+NODE = protocol.NODE  # the "sentinel" id of events about this machine itself
 
 
 @dataclass
@@ -52,16 +55,19 @@ class Bridge:
         self.journal = Journal(self.settings.journal.path)
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
-        self.rescuer = Rescuer(self.settings.protect, self.journal)
+        self.rescuer = Rescuer(self.settings.protect, self.journal, self._react)
+        self.alerts = Alerts(self.settings.alerts, self.journal, self._publish_alert)
         # Every accepted event goes to each of these, in order; a new capability appends itself.
-        self.reactions: list[Reaction] = [self.hooks, self.rescuer]
+        self.reactions: list[Reaction] = [self.hooks, self.rescuer, self.alerts]
         self.failover: Failover | None = None
         fo = self.settings.failover
         if fo.uplinks:
             from pyroute2 import IPRoute, NetNS
 
             # The routing table of the namespace configured (tests), else this machine's own.
-            self.failover = Failover(fo, NetNS(fo.netns) if fo.netns else IPRoute(), self._node_event)
+            self.failover = Failover(
+                fo, NetNS(fo.netns) if fo.netns else IPRoute(), self._node_event, on_state=self._node_uplinks
+            )
             self.reactions.append(self.failover)
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
         self._stop = asyncio.Event()
@@ -119,6 +125,17 @@ class Bridge:
     def _node_event(self, kind: str, data: dict[str, Any]) -> None:
         """An event about this machine (failover, failback): journaled under NODE, then reacted to."""
         self._react(self.journal.host_event(NODE, kind, data))
+
+    def _publish_alert(self, text: str) -> None:
+        if self.link is not None:
+            self.link.publish(protocol.ALERTS, text.encode())
+
+    def _node_uplinks(self, state: dict[str, Any]) -> None:
+        """The node's uplink state, retained on MQTT for dashboards and phone apps on the LAN."""
+        if self.link is not None:
+            body = {"node": self.settings.failover.node, "ts": round(time.time(), 3), **state}
+            topic = protocol.node_topic(self.settings.failover.node, protocol.UPLINK)
+            self.link.publish(topic, json.dumps(body).encode(), retain=True)
 
     def _check_gap(self, view: SentinelView, event: Event) -> None:
         # Events name the one before them; the outbox sends in order and again until receipted,

@@ -103,7 +103,7 @@ class NetLab:
 
     def lossy(self, uplink: dict[str, str], pct: int) -> None:
         """Drop `pct` % of the packets the node sends through this uplink, at random (nftables'
-        numgen, on the far side; this kernel has no netem). 0 removes the rule.
+        numgen, on the far side; this kernel has no netem). 0 removes the rule, 100 drops all.
 
         nft, not pyroute2's nftables API, which does not build numgen expressions; the command
         runs inside the internet namespace only (`ip netns exec`)."""
@@ -112,10 +112,11 @@ class NetLab:
         proc.run_sync([*nft, "delete", "table", "ip", table], timeout=10)  # absent the first time: fine
         if not pct:
             return
+        draw = f"numgen random mod 100 < {pct}" if pct < 100 else ""  # 100: every packet, no draw
         for cmd in (
             ["add", "table", "ip", table],
             ["add", "chain", "ip", table, "in", "{ type filter hook prerouting priority 0 ; }"],
-            f"add rule ip {table} in ip saddr {uplink['addr']} numgen random mod 100 < {pct} drop".split(),
+            f"add rule ip {table} in ip saddr {uplink['addr']} {draw} drop".split(),
         ):
             r = proc.run_sync([*nft, *cmd], timeout=10)
             if not r.ok:

@@ -75,6 +75,7 @@ class Failover:
     settings: FailoverSettings
     ipr: Any  # a pyroute2 IPRoute or NetNS: the only routing table this touches
     emit: Callable[[str, dict[str, Any]], None]  # (kind, data): a host event to journal and react to
+    on_state: Callable[[dict[str, Any]], None] | None = None  # status() whenever a verdict or the route changed
     clock: Callable[[], float] = time.monotonic
     uplinks: list[routes.Uplink] = field(init=False)
     health: dict[str, Health] = field(init=False)
@@ -88,7 +89,8 @@ class Failover:
         s = self.settings
         self.uplinks = [routes.Uplink(u.name, u.dev, u.gateway) for u in s.uplinks]
         self.health = {u.name: Health(s.down, s.up) for u in self.uplinks}
-        self._targets = [(h, int(p)) for h, _, p in (t.rpartition(":") for t in s.targets)]
+        # (ip, port) for TCP, (ip, None) for ICMP
+        self._targets = [(h, int(p)) if c else (p, None) for h, c, p in (t.rpartition(":") for t in s.targets)]
         # Every netlink call runs on this one thread: pyroute2 gives each thread that uses a
         # namespace's handle a socket of its own, made by a forked child (see disable_mp_signal
         # above). One thread, its socket made here, before the bridge sets its signal handlers,
@@ -123,7 +125,12 @@ class Failover:
 
     async def _round(self, u: routes.Uplink) -> bool:
         s = self.settings
-        rtts = await asyncio.gather(*[probe.tcp(u.dev, h, p, s.timeout, s.netns) for h, p in self._targets])
+        rtts = await asyncio.gather(
+            *[
+                probe.tcp(u.dev, h, p, s.timeout, s.netns) if p else probe.icmp(u.dev, h, s.timeout, s.netns)
+                for h, p in self._targets
+            ]
+        )
         h = self.health[u.name]
         h.sent += len(rtts)
         h.lost += sum(r is None for r in rtts)
@@ -141,8 +148,10 @@ class Failover:
             t0 = self.clock()
             verdicts = await asyncio.gather(*[self._round(u) for u in self.uplinks])
             now = self.clock()
+            flipped = False
             for u, ok in zip(self.uplinks, verdicts, strict=True):
                 if self.health[u.name].judge(ok, now):
+                    flipped = True
                     log.info("uplink %s is %s", u.name, "up" if ok else "down")
             try:
                 happened = await self.netlink(self.decide, now)
@@ -151,9 +160,15 @@ class Failover:
                 happened = []
             for kind, data in happened:  # on the loop's thread: the journal and hooks live there
                 self.emit(kind, data)
+            if self.on_state is not None and (flipped or happened):
+                with contextlib.suppress(OSError, NetlinkError):
+                    self.on_state(await self.netlink(self.status))
             self._nudge.clear()
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that arrives as
+            # the nudge is set, and close() then waits for this task forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._nudge.wait(), max(0.0, self.settings.interval - (self.clock() - t0)))
+                async with asyncio.timeout(max(0.0, self.settings.interval - (self.clock() - t0))):
+                    await self._nudge.wait()
 
     def decide(self, now: float) -> list[tuple[str, dict[str, Any]]]:
         """Switch if the verdicts say so; returns the events to raise. Blocking (netlink calls):

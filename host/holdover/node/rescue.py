@@ -57,11 +57,11 @@ def raised_at(event: Event) -> float:
 
 class Rescuer:
     def __init__(
-        self, settings: ProtectSettings, journal: Journal, on_alert: Callable[[str, str, str], None] | None = None
+        self, settings: ProtectSettings, journal: Journal, react: Callable[[Event], None] | None = None
     ) -> None:
         self.s = settings
         self.journal = journal
-        self.on_alert = on_alert
+        self.react = react  # hands the host events this raises to every reaction (alerts, hooks)
         self._grace: asyncio.Task[None] | None = None
         self._active: dict[int, asyncio.Task[None]] = {}
         self._deadline: dict[int, float] = {}
@@ -152,12 +152,14 @@ class Rescuer:
 
     # --- one rescue -----------------------------------------------------------------------------------
 
-    def _alert(self, kind: str, text: str) -> None:
+    def _raise(self, kind: str, t: Target, text: str = "", **data: Any) -> None:
+        """A step worth telling a person: journaled as a host event about this node, then reacted to."""
         severity = events.kind(kind).severity
-        self.journal.alert(severity, kind, text)
-        log.log(logging.ERROR if severity == "critical" else logging.WARNING, "%s", text)
-        if self.on_alert:
-            self.on_alert(severity, kind, text)
+        if text:
+            log.log(logging.ERROR if severity == events.CRITICAL else logging.WARNING, "%s", text)
+        event = self.journal.host_event(protocol.NODE, kind, {"target": t.name, "detail": text, **data})
+        if self.react:
+            self.react(event)
 
     async def _rescue(self, rid: int) -> None:
         targets, problems = discover(self.s)
@@ -185,6 +187,8 @@ class Rescuer:
         for final in ("verified", "rescued", "lost"):
             if final in done:
                 return final  # settled before a bridge restart
+        if not past:
+            self._raise("checkpoint_started", t, deadline_in_s=round(self._deadline[rid] - time.time()))
         reserve = dump.estimate_gcore_seconds(t.pid, self.s.gcore_rate_mb_s) if self.s.gcore else 0.0
         outcome = await self._ask(rid, t, past, reserve)
         if outcome is not None:
@@ -213,10 +217,18 @@ class Rescuer:
                     manifest.nbytes / 1e6,
                     info.get("seconds") or 0,
                 )
+                self._raise(
+                    "checkpoint_verified",
+                    t,
+                    dir=str(directory),
+                    mb=round(manifest.nbytes / 1e6, 1),
+                    mb_s=round(mb_s, 1),
+                    seconds=info.get("seconds"),
+                )
                 return "verified"
             except ckpt.CheckpointError as e:
                 self.journal.step(rid, t.key, t.pid, "verify_failed", error=str(e))
-                self._alert("checkpoint_bad", f"{t.name}: the emergency checkpoint does not verify: {e}")
+                self._raise("checkpoint_bad", t, f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
 
     async def _ask(
@@ -265,12 +277,13 @@ class Rescuer:
                 quiet = self.s.hang_after - (time.monotonic() - last_progress)
                 if remaining <= 0:
                     self.journal.step(rid, t.key, t.pid, "too_late", state=state)
-                    self._alert("checkpoint_late", f"{t.name}: no checkpoint before the deadline ({state})")
+                    self._raise("checkpoint_late", t, f"{t.name}: no checkpoint before the deadline ({state})")
                     return None
                 if quiet <= 0:
                     self.journal.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
-                    self._alert(
+                    self._raise(
                         "checkpoint_hung",
+                        t,
                         f"{t.name}: save {state}, no progress for {self.s.hang_after:.0f}s",
                     )
                     return None
@@ -285,7 +298,7 @@ class Rescuer:
                 if state == "done":
                     return Path(msg["dir"]), msg
                 if state == "failed":
-                    self._alert("checkpoint_failed", f"{t.name}: checkpoint failed: {msg.get('error')}")
+                    self._raise("checkpoint_failed", t, f"{t.name}: checkpoint failed: {msg.get('error')}")
                     return None
                 if state == "unknown":
                     raise ConnectionError("the training process does not know the request")
@@ -309,7 +322,7 @@ class Rescuer:
                 return Path(reg.last_save.directory), info
             await asyncio.sleep(0.2)
         self.journal.step(rid, t.key, t.pid, "too_late", state="signalled")
-        self._alert("checkpoint_late", f"{t.name}: no checkpoint after the signal before the deadline")
+        self._raise("checkpoint_late", t, f"{t.name}: no checkpoint after the signal before the deadline")
         return None
 
     async def _last_resort(self, rid: int, t: Target) -> str:
@@ -327,10 +340,10 @@ class Rescuer:
             ok |= bool(r.detail.get("files"))
         if ok:
             self.journal.step(rid, t.key, t.pid, "rescued", dir=str(out))
-            self._alert("rescued", f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
+            self._raise("rescued", t, f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
             return "rescued"
         self.journal.step(rid, t.key, t.pid, "lost", error="no checkpoint and no dump")
-        self._alert("lost", f"{t.name}: nothing could be saved")
+        self._raise("lost", t, f"{t.name}: nothing could be saved")
         return "lost"
 
     async def _final(self, rid: int) -> None:

@@ -1,0 +1,233 @@
+"""Alerts to people: which events, to which channel, said how, delivered once, never a storm.
+
+A reaction (events.py). Each accepted event the host's table marks as worth alerting becomes an
+alert with a title (what happened, where) and a body (severity, when, what holdover is doing
+about it, the battery runtime left, which problem a recovery closes and how long it lasted).
+
+Storms are stopped before anything is queued: the same alert again within `dedup_s` is dropped;
+a problem that changes state `flap_after` times within `flap_window_s` is flapping, and from then
+on its changes are counted, not sent, until a summary ("mains power at ups1 flapped 14 times in
+5 min; now: ...") at the end of each window it keeps flapping. A recovery goes to every channel
+its problem went to, whatever their minimum severity.
+
+Delivery is durable: every alert is a row in the journal's outbox per channel before anything is
+sent, retried with backoff until its channel takes it, and marked sent the moment it did, so a
+bridge restart resumes the unsent and sends nothing twice (short of a crash between a channel
+accepting and the mark, a window of one SQLite write). Each channel has a rate limit per hour;
+alerts due beyond it go out merged into one message. Every alert is also published, readable,
+on MQTT `holdover/alerts` for phone apps on the LAN, which needs no uplink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from holdover import events
+from holdover.bridge import notify
+from holdover.journal import Event, Journal
+from holdover.settings import AlertChannelSettings, AlertSettings
+
+log = logging.getLogger("holdover.alerts")
+
+RANK = {events.INFO: 0, events.WARNING: 1, events.CRITICAL: 2}
+HOUR = 3600.0
+
+
+@dataclass
+class _Problem:
+    """What is known about one problem at one sentinel (say, mains at ups1)."""
+
+    changes: deque[float] = field(default_factory=deque)
+    last_kind: str = ""
+    last_ts: float = -1e18
+    opened: float | None = None  # when the problem alert went out, while it is open
+    title: str = ""  # the problem alert's title, for the recovery that closes it
+    channels: set[str] = field(default_factory=set)
+    flapping_since: float | None = None
+    flaps: int = 0  # changes counted since the last summary
+    summary_at: float = 0.0
+    now: str = ""  # the latest state's title, for the summary
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    if s < 90:
+        return f"{s} s"
+    if s < 5400:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def compose(event: Event, problem: _Problem | None = None, now: float | None = None) -> tuple[str, str, str]:
+    """(severity, title, body) for an event, from the host's event table."""
+    k = events.kind(event.kind)
+    fields = {"sid": event.sid, **event.data}
+    title = k.describe(**fields)
+    title = title[:1].upper() + title[1:]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.rx_ts))
+    lines = [f"{k.severity.upper()} · {event.sid} · {when}"]
+    if event.data.get("detail"):
+        lines.append(str(event.data["detail"]))
+    if k.doing:
+        lines.append("holdover: " + k.action(**fields))
+    runtime = event.data.get("runtime_s")
+    if isinstance(runtime, int | float) and runtime >= 0:
+        lines.append(f"battery runtime left: about {_duration(runtime)}")
+    if k.resolves and problem is not None and problem.opened is not None:
+        lines.append(f"closes: {problem.title} (after {_duration((now or time.time()) - problem.opened)})")
+    return k.severity, title, "\n".join(lines)
+
+
+class Alerts:
+    def __init__(
+        self,
+        settings: AlertSettings,
+        journal: Journal,
+        publish: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.s = settings
+        self.journal = journal
+        self.publish = publish  # the readable copy for MQTT holdover/alerts
+        self.clock = clock
+        self.channels: dict[str, AlertChannelSettings] = {c.name: c for c in settings.channels}
+        self._problems: dict[tuple[str, str], _Problem] = defaultdict(_Problem)
+        self._nudge = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- the Reaction interface -------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._sender()), loop.create_task(self._summaries())]
+
+    def on_event(self, event: Event) -> None:
+        k = events.kind(event.kind)
+        if not k.alert:
+            return
+        problem_kind = k.resolves or k.name
+        p = self._problems[(event.sid, problem_kind)]
+        now = self.clock()
+        severity, title, body = compose(event, p, now)
+        p.changes.append(now)
+        while p.changes and p.changes[0] < now - self.s.flap_window_s:
+            p.changes.popleft()
+        if p.flapping_since is not None or len(p.changes) >= self.s.flap_after:
+            if p.flapping_since is None:
+                p.flapping_since, p.summary_at = now, now + self.s.flap_window_s
+                log.warning("%s at %s is flapping: alerts held for a summary", problem_kind, event.sid)
+            p.flaps += 1
+            p.now = title
+            return
+        if event.kind == p.last_kind and now - p.last_ts < self.s.dedup_s:
+            log.info("alert %r again within %.0f s: not sent again", title, self.s.dedup_s)
+            return
+        p.last_kind, p.last_ts = event.kind, now
+        to = {c.name for c in self.channels.values() if RANK[severity] >= RANK[c.min_severity]}
+        if k.resolves:
+            to |= p.channels  # a recovery reaches whoever heard of the problem
+            p.opened, p.channels = None, set()
+        else:
+            p.opened, p.title, p.channels = now, title, to
+        self._deliver(to, severity, event.kind, event.sid, title, body)
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    # --- out --------------------------------------------------------------------------------------
+
+    def _deliver(self, to: set[str], severity: str, kind: str, sid: str, title: str, body: str) -> None:
+        for name in sorted(to):
+            self.journal.alert_queue(name, severity, kind, sid, title, body)
+        if self.publish is not None and self.s.mqtt:
+            try:
+                self.publish(f"{title}\n{body}")
+            except Exception:  # the LAN copy failing must not keep the alert from the phones
+                log.exception("alert not published on MQTT")
+        log.info("alert %r to %s", title, ", ".join(sorted(to)) or "no channel (MQTT only)")
+        self._nudge.set()
+
+    async def _summaries(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = self.clock()
+            for (sid, kind), p in self._problems.items():
+                if p.flapping_since is None or now < p.summary_at:
+                    continue
+                window = _duration(now - p.flapping_since)
+                what = kind.replace("_", " ")
+                title = f"{what[:1].upper()}{what[1:]} at {sid} is flapping: {p.flaps} changes in {window}"
+                body = f"WARNING · {sid} · each change held back, not sent\nnow: {p.now}"
+                to = {c.name for c in self.channels.values() if RANK[events.WARNING] >= RANK[c.min_severity]}
+                self._deliver(to | p.channels, events.WARNING, "flapping", sid, title, body)
+                quiet = not p.changes or p.changes[-1] < now - self.s.flap_window_s
+                p.flaps, p.flapping_since, p.summary_at = 0, None if quiet else now, now + self.s.flap_window_s
+                if quiet:
+                    p.changes.clear()
+
+    async def _sender(self) -> None:
+        while True:
+            try:
+                await self._send_due()
+            except Exception:  # a broken channel must not end delivery on the others
+                log.exception("alert delivery round failed")
+            self._nudge.clear()
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that arrives as
+            # the nudge is set (an alert raised as the bridge stops), and close() waits forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._nudge.wait()
+
+    async def _send_due(self) -> None:
+        now = self.clock()
+        due: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in self.journal.alerts_due(now):
+            due[row["channel"]].append(row)
+        for name, rows in due.items():
+            channel = self.channels.get(name)
+            if channel is None:  # removed from the config since: kept, not sent, said once
+                self.journal.alert_retry([r["id"] for r in rows], now + HOUR, f"no channel {name!r} configured")
+                continue
+            sent = self.journal.alert_messages_since(name, now - HOUR)
+            room = channel.per_hour - len(sent)
+            if room <= 0:
+                self.journal.alert_retry([r["id"] for r in rows], sent[0] + HOUR, "rate limit: held")
+                continue
+            batches = [[r] for r in rows] if len(rows) <= room else [rows]  # over the limit: one merged
+            for batch in batches:
+                await self._send(channel, batch)
+
+    async def _send(self, channel: AlertChannelSettings, rows: list[dict[str, Any]]) -> None:
+        if len(rows) == 1:
+            severity, title, body = rows[0]["severity"], rows[0]["title"], rows[0]["body"]
+        else:
+            severity = max((r["severity"] for r in rows), key=RANK.__getitem__)
+            title = f"{len(rows)} holdover alerts (rate limit: merged)"
+            body = "\n".join(f"- {r['title']}" for r in rows)
+        result = await asyncio.to_thread(notify.send, channel.url, title, body, severity)
+        ids = [r["id"] for r in rows]
+        now = self.clock()
+        if result.ok:
+            self.journal.alerts_sent(ids, now, ids[0])
+            return
+        attempts = max(r["attempts"] for r in rows) + 1
+        wait = min(self.s.retry_max_s, 2.0**attempts)
+        self.journal.alert_retry(ids, now + wait, result.error)
+        log.warning(
+            "alert %r not delivered to %s (try %d): %s; again in %.0f s",
+            title,
+            channel.name,
+            attempts,
+            result.error,
+            wait,
+        )

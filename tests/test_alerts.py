@@ -1,0 +1,274 @@
+"""Alerts through real apprise to an ntfy-style HTTP receiver on loopback, and on MQTT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conftest import Listener
+from holdover.bridge.alerts import Alerts
+from holdover.bridge.service import NODE, Bridge, BridgeThread
+from holdover.firmware import protocol
+from holdover.journal import Journal
+from holdover.lab.broker import Broker, free_port
+from holdover.settings import AlertSettings, ConfigError, Settings, load
+
+
+class Ntfy:
+    """What an ntfy server does with apprise's POST: take the JSON, answer 200. Records each."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.got: list[dict[str, Any]] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self) -> Ntfy:
+        got = self.got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                got.append(json.loads(body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"id":"x"}')
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def url(self, topic: str) -> str:
+        return f"ntfy://127.0.0.1:{self.port}/{topic}"
+
+    def on(self, topic: str) -> list[dict[str, Any]]:
+        return [m for m in self.got if m["topic"] == topic]
+
+
+@pytest.fixture
+def ntfy():
+    n = Ntfy().start()
+    yield n
+    n.stop()
+
+
+def _settings(ntfy: Ntfy, **kw: Any) -> AlertSettings:
+    channels = kw.pop("channels", [{"name": "phone", "url": ntfy.url("phone"), "min_severity": "info"}])
+    return AlertSettings.model_validate({"channels": channels, **kw})
+
+
+def _event(j: Journal, kind: str, sid: str = "ups1", **data: Any):
+    (seq,) = j.db.execute("SELECT COUNT(*) + 1 FROM events").fetchone()
+    body = {"sid": sid, "boot": "b1", "seq": seq, "kind": kind, "ms": seq, "ts": int(time.time()), "data": data}
+    return j.accept("mqtt", body)
+
+
+async def _until(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def _run(alerts: Alerts, scenario) -> None:
+    async def main() -> None:
+        alerts.start()
+        try:
+            await scenario()
+        finally:
+            await alerts.close()
+
+    asyncio.run(main())
+
+
+def test_severity_routes_each_alert_and_a_recovery_closes_its_problem_everywhere(tmp_path, ntfy) -> None:
+    channels = [
+        {"name": "team", "url": ntfy.url("team"), "min_severity": "info"},
+        {"name": "oncall", "url": ntfy.url("oncall"), "min_severity": "critical"},
+    ]
+    with Journal(tmp_path / "j.db") as j:
+        alerts = Alerts(_settings(ntfy, channels=channels), j)
+
+        async def scenario() -> None:
+            alerts.on_event(_event(j, protocol.MAINS_LOST, runtime_s=1500, on_battery=True))
+            alerts.on_event(_event(j, protocol.UPLINK_LOST))
+            await _until(lambda: len(ntfy.got) == 3, 10, "three messages")
+            alerts.on_event(_event(j, protocol.MAINS_RESTORED))
+            await _until(lambda: len(ntfy.got) == 5, 10, "the recovery on both")
+
+        _run(alerts, scenario)
+        assert not [a for a in j.alerts() if a["sent"] is None]
+    assert [m["title"] for m in ntfy.on("oncall")] == ["Mains power lost at ups1", "Mains power back at ups1"]
+    team = ntfy.on("team")
+    assert [m["title"] for m in team] == [
+        "Mains power lost at ups1",
+        "Internet uplink lost at ups1",
+        "Mains power back at ups1",
+    ]
+    lost = team[0]["message"]
+    assert lost.startswith("CRITICAL · ups1 · ")
+    assert "emergency checkpoint" in lost and "battery runtime left: about 25 min 0 s" in lost
+    assert "closes: Mains power lost at ups1 (after " in team[2]["message"]
+
+
+def test_a_flapping_mains_is_one_alert_each_way_then_a_summary_and_repeats_are_dropped(tmp_path, ntfy) -> None:
+    with Journal(tmp_path / "j.db") as j:
+        alerts = Alerts(_settings(ntfy, flap_window_s=2.0, flap_after=3), j)
+
+        async def scenario() -> None:
+            for _ in range(7):
+                alerts.on_event(_event(j, protocol.MAINS_LOST))
+                alerts.on_event(_event(j, protocol.MAINS_RESTORED))
+            alerts.on_event(_event(j, protocol.BATTERY_LOW, sid="ups2", runtime_s=300))
+            alerts.on_event(_event(j, protocol.BATTERY_LOW, sid="ups2", runtime_s=280))  # the same again
+            await _until(lambda: any("flapping" in m["title"] for m in ntfy.got), 10, "the summary")
+            await asyncio.sleep(0.5)
+
+        _run(alerts, scenario)
+    titles = [m["title"] for m in ntfy.got]
+    assert titles[:2] == ["Mains power lost at ups1", "Mains power back at ups1"]
+    assert titles.count("Battery low at ups2: 300 s left") == 1 and not any("280" in t for t in titles)
+    summary = [m for m in ntfy.got if "flapping" in m["title"]]
+    assert len(summary) == 1 and len(titles) == 4, titles
+    assert summary[0]["title"] == "Mains lost at ups1 is flapping: 12 changes in 2 s"
+    assert summary[0]["message"].endswith("now: Mains power back at ups1")
+
+
+def test_a_channel_over_its_rate_gets_one_merged_message_and_nothing_is_lost(tmp_path, ntfy) -> None:
+    channels = [{"name": "phone", "url": ntfy.url("phone"), "min_severity": "warning", "per_hour": 2}]
+    with Journal(tmp_path / "j.db") as j:
+        alerts = Alerts(_settings(ntfy, channels=channels), j)
+
+        async def scenario() -> None:
+            alerts.on_event(_event(j, protocol.UPLINK_LOST, sid="s0"))
+            await _until(lambda: len(ntfy.got) == 1, 10, "the first")
+            for i in range(1, 6):
+                alerts.on_event(_event(j, protocol.UPLINK_LOST, sid=f"s{i}"))
+            await _until(lambda: len(ntfy.got) == 2, 10, "the merged one")
+            await asyncio.sleep(1.5)  # and nothing more: the hour's two messages are spent
+            alerts.on_event(_event(j, protocol.UPLINK_LOST, sid="s6"))
+            await asyncio.sleep(1.5)
+
+        _run(alerts, scenario)
+        rows = j.alerts()
+    assert len(ntfy.got) == 2
+    merged = ntfy.got[1]
+    assert merged["title"] == "5 holdover alerts (rate limit: merged)"
+    assert all(f"Internet uplink lost at s{i}" in merged["message"] for i in range(1, 6))
+    held = [r for r in rows if r["sent"] is None]
+    assert [r["sid"] for r in held] == ["s6"] and held[0]["error"] == "rate limit: held"
+
+
+def test_an_alert_the_receiver_missed_is_kept_and_sent_once_after_a_bridge_restart(tmp_path) -> None:
+    down = Ntfy()  # not started: connection refused
+    with Journal(tmp_path / "j.db") as j:
+        alerts = Alerts(_settings(down), j)
+
+        async def first() -> None:
+            alerts.on_event(_event(j, protocol.MAINS_LOST))
+            await _until(lambda: j.alerts()[0]["attempts"] == 1, 10, "a failed try")
+
+        _run(alerts, first)
+        [row] = j.alerts()
+        assert row["sent"] is None and "Connection error" in row["error"]
+    up = Ntfy(down.port).start()
+    try:
+        for _restart in range(2):  # the restarted bridge delivers it; the one after sends nothing
+            with Journal(tmp_path / "j.db") as j:
+                again = Alerts(_settings(up), j)
+                j.db.execute("UPDATE alert_outbox SET next_try = 0")  # due now, not after its backoff
+
+                async def resume(again=again) -> None:
+                    await asyncio.sleep(1.5)
+
+                _run(again, resume)
+        assert [m["title"] for m in up.got] == ["Mains power lost at ups1"]
+    finally:
+        up.stop()
+
+
+def test_the_bridge_alerts_on_its_own_events_and_mqtt_subscribers_read_them(tmp_path, ntfy) -> None:
+    with Broker(workdir=tmp_path / "broker") as broker:
+        s = Settings.model_validate(
+            {
+                "mqtt": {"port": broker.port},
+                "journal": {"path": str(tmp_path / "j.db")},
+                "alerts": {"channels": [{"name": "phone", "url": ntfy.url("phone")}]},
+            }
+        )
+        phone_app = Listener(SimpleNamespace(broker=broker), [protocol.ALERTS])
+        b = BridgeThread(Bridge(s)).start()
+        try:
+            assert phone_app.subscribed.wait(5)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not (b.bridge.link and b.bridge.link.connected.is_set()):
+                time.sleep(0.05)
+            data = {"uplink": "usb", "why": "wan down"}
+            b.loop.call_soon_threadsafe(b.bridge._node_event, "failover", data)
+            _t, text, retained = phone_app.next(5)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not ntfy.got:
+                time.sleep(0.05)
+        finally:
+            phone_app.close()
+            b.stop()
+    assert not retained
+    assert text.decode().splitlines()[0] == "Traffic moved to the backup uplink usb"
+    assert "holdover: wan down" in text.decode() and f"WARNING · {NODE}" in text.decode()
+    assert [m["title"] for m in ntfy.got] == ["Traffic moved to the backup uplink usb"]
+
+
+def test_test_alert_reports_each_channel_and_a_bad_url_is_refused_by_name(tmp_path, ntfy) -> None:
+    cfg = tmp_path / "h.toml"
+    dead = f"ntfy://127.0.0.1:{free_port()}/x"
+    cfg.write_text(
+        f'[[alerts.channels]]\nname = "phone"\nurl = "{ntfy.url("phone")}"\n'
+        f'[[alerts.channels]]\nname = "dead"\nurl = "{dead}"\n'
+    )
+    holdover = Path(sys.executable).parent / "holdover"
+    r = subprocess.run([str(holdover), "test-alert", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "phone: sent"
+    assert lines[1].startswith("dead: FAILED: ") and "Connection error" in lines[1]
+    assert [m["title"] for m in ntfy.got] == ["holdover test alert"]
+    cfg.write_text('[[alerts.channels]]\nname = "phone"\nurl = "nosuch://x"\n')
+    with pytest.raises(ConfigError, match=r"alerts\.channels\.0\.url.*apprise cannot use this URL"):
+        load(cfg)
+
+
+def test_a_bridge_stopping_as_an_alert_is_raised_stops_at_once(tmp_path) -> None:
+    # The alert nudges the sender in the same step as close() cancels it: asyncio.wait_for on
+    # 3.11 swallowed that cancel and the bridge hung in close() (15 s per rig test).
+    with Journal(tmp_path / "j.db") as j:
+        alerts = Alerts(AlertSettings(), j)
+
+        async def main() -> None:
+            alerts.start()
+            await asyncio.sleep(0.2)
+            alerts.on_event(_event(j, protocol.MAINS_LOST))
+            t0 = time.monotonic()
+            await asyncio.wait_for(alerts.close(), 3)
+            assert time.monotonic() - t0 < 1.0
+
+        asyncio.run(main())
