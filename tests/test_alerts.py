@@ -224,7 +224,7 @@ def test_the_bridge_alerts_on_its_own_events_and_mqtt_subscribers_read_them(tmp_
             while time.monotonic() < deadline and not (b.bridge.link and b.bridge.link.connected.is_set()):
                 time.sleep(0.05)
             data = {"uplink": "usb", "why": "wan down"}
-            b.loop.call_soon_threadsafe(b.bridge._node_event, "failover", data)
+            b.loop.call_soon_threadsafe(b.bridge.node_event, "failover", data)
             _t, text, retained = phone_app.next(5)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not ntfy.got:

@@ -19,7 +19,12 @@ def test_every_sentinel_kind_has_an_entry_and_the_table_is_consistent() -> None:
     for k in events.TABLE.values():
         assert k.severity in events.SEVERITIES, k
         assert k.resolves is None or k.resolves in events.TABLE, k
-    assert set(events.RESCUE_TRIGGERS) == {protocol.MAINS_LOST, protocol.BATTERY_LOW, protocol.BATTERY_CRITICAL}
+    assert set(events.RESCUE_TRIGGERS) == {
+        protocol.MAINS_LOST,
+        protocol.BATTERY_LOW,
+        protocol.BATTERY_CRITICAL,
+        "checkpoint_requested",  # by a person, on the API
+    }
 
 
 def test_stock_messages_fill_what_is_known_and_never_raise() -> None:

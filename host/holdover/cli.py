@@ -19,6 +19,21 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        import holdover
+
+        typer.echo(f"holdover {holdover.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """holdover: watch mains power and the uplink, and save training runs before they are lost."""
+
+
 def _logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -46,7 +61,9 @@ def bridge(
 
     _logging(verbose)
     cfg = _config(config)
-    asyncio.run(Bridge(cfg).run())
+    from holdover.web.server import run_with
+
+    asyncio.run(run_with(Bridge(cfg), cfg.web))
 
 
 @app.command("check-config")
@@ -136,6 +153,114 @@ def failover_status(
             "<- carries it" if u["name"] == st["active"] else "",
         )
     Console().print(t)
+
+
+@app.command()
+def status(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Sentinels, protected runs and uplinks at a glance, from the journal: works while the bridge is down."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from holdover.journal import Journal
+    from holdover.node import launch
+    from holdover.web import snapshot
+
+    cfg = _config(config)
+    if not cfg.journal.path.exists():
+        typer.echo(f"holdover: no journal at {cfg.journal.path} yet (has the bridge run?)", err=True)
+        raise typer.Exit(2)
+    with Journal(cfg.journal.path, readonly=True) as j:
+        st = {
+            "sentinels": snapshot.sentinels(j, [s.id for s in cfg.sentinels]),
+            "runs": launch.recover(cfg.protect.registry),
+            "uplinks": snapshot.uplinks(j),
+            "checkpoints": snapshot.checkpoints(j, 5),
+        }
+    if as_json:
+        typer.echo(json.dumps(st, indent=2, default=str))
+        return
+    out = Console()
+    t = Table(title="sentinels")
+    for col in ("sentinel", "status", "mains", "battery", "runtime", "uplink", "relay", "last event"):
+        t.add_column(col)
+    for s in st["sentinels"]:
+        pct = f"{s['battery_pct']:.0f} %" if isinstance(s["battery_pct"], int | float) else "-"
+        rt = f"{s['runtime_s'] // 60} min" if isinstance(s["runtime_s"], int) else "-"
+        mains = {True: "on", False: "[red]LOST[/red]", None: "-"}[s["mains"]]
+        last = s["last_event"]
+        t.add_row(
+            s["sid"],
+            s["status"] or "never heard",
+            mains,
+            pct,
+            rt,
+            s["uplink"] or "-",
+            {True: "on", False: "off", None: "-"}[s["relay"]],
+            f"{last['kind']} ({last['age_s']:.0f} s ago)" if last else "-",
+        )
+    out.print(t)
+    t = Table(title="training runs")
+    for col in ("run", "state", "newest verified checkpoint", "age"):
+        t.add_column(col)
+    for r in st["runs"]:
+        ck = r.get("checkpoint")
+        t.add_row(r["name"], r["state"], ck["dir"] if ck else "none", f"{ck['age_s']:.0f} s" if ck else "-")
+    out.print(t)
+    up = st["uplinks"]
+    out.print(
+        f"uplink: {up['active'] or 'primary (no failover recorded)'}"
+        + (f" since {up['since_s']:.0f} s" if up["since_s"] else "")
+    )
+
+
+@app.command()
+def events(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    kind: str | None = typer.Option(None, help="Only this kind (mains_lost, failover, ...)."),
+    sentinel: str | None = typer.Option(None, help="Only this sentinel ('node': this machine)."),
+    limit: int = typer.Option(50, help="How many, newest last."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events as they are journaled."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+) -> None:
+    """The event journal, read directly: works while the bridge is down."""
+    import json
+    import time
+
+    from holdover import events as kinds
+    from holdover.journal import Journal
+
+    cfg = _config(config)
+    if not cfg.journal.path.exists():
+        typer.echo(f"holdover: no journal at {cfg.journal.path} yet (has the bridge run?)", err=True)
+        raise typer.Exit(2)
+
+    def show(e: object) -> None:
+        k = kinds.kind(e.kind)  # type: ignore[attr-defined]
+        text = k.describe(sid=e.sid, **e.data)  # type: ignore[attr-defined]
+        if as_json:
+            typer.echo(json.dumps({"id": e.id, "rx_ts": e.rx_ts, "severity": k.severity, "text": text, **e.body}))  # type: ignore[attr-defined]
+        else:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.rx_ts))  # type: ignore[attr-defined]
+            typer.echo(f"{when}  {k.severity:8}  {e.sid:12}  {e.kind:20}  {text}")  # type: ignore[attr-defined]
+
+    with Journal(cfg.journal.path, readonly=True) as j:
+        rows = list(reversed(j.events(sid=sentinel, kind=kind, limit=limit)))
+        for e in rows:
+            show(e)
+        last = rows[-1].id if rows else 0
+        try:
+            while follow:
+                time.sleep(0.5)
+                for e in reversed(j.events(sid=sentinel, kind=kind, limit=1000, after=last)):
+                    show(e)
+                    last = e.id
+        except KeyboardInterrupt:
+            pass
 
 
 @app.command("test-alert")

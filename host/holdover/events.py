@@ -95,6 +95,14 @@ _KINDS = (
     # --- from this machine -----------------------------------------------------------------------
     Kind(SENTINEL_OFFLINE, WARNING, "sentinel {sid} went silent", HOST, doing="power and uplink are unwatched"),
     Kind(SENTINEL_ONLINE, INFO, "sentinel {sid} is back", HOST, resolves=SENTINEL_OFFLINE),
+    Kind(
+        "checkpoint_requested",
+        WARNING,
+        "emergency checkpoint of every run requested by {by}",
+        HOST,
+        starts_rescue=True,
+        doing="every protected training run saves now",
+    ),
     Kind("checkpoint_started", WARNING, "emergency checkpoint of {target} started", HOST),
     Kind(
         "checkpoint_verified",

@@ -253,12 +253,24 @@ class Journal:
             "state": json.loads(state) if state else None,
         }
 
-    def events(self, sid: str | None = None, kind: str | None = None, limit: int = 100) -> list[Event]:
+    def events(
+        self,
+        sid: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+        after: int | None = None,
+    ) -> list[Event]:
+        """Newest first; `before`/`after` page by id."""
         q, args = "SELECT id, rx_ts, source, sid, boot, seq, kind, ms, ts, data FROM events WHERE 1=1", []
         if sid:
             q, args = q + " AND sid=?", [*args, sid]
         if kind:
             q, args = q + " AND kind=?", [*args, kind]
+        if before is not None:
+            q, args = q + " AND id<?", [*args, before]
+        if after is not None:
+            q, args = q + " AND id>?", [*args, after]
         rows = self.db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [Event(*r[:9], json.loads(r[9])) for r in rows]
 

@@ -214,6 +214,24 @@ class AlertSettings(_Strict):
         return self
 
 
+class WebSettings(_Strict):
+    """The HTTP API and dashboard the bridge serves (`holdover bridge`)."""
+
+    enabled: bool = True
+    host: str = Field("127.0.0.1", description="where to listen; 127.0.0.1 unless you mean it")
+    port: int = Field(8787, ge=1, le=65535)
+    token: str = Field("", description="bearer token for POST actions; empty (and no token_file): actions off")
+    token_file: Path | None = Field(None, description="a file holding the token (kept out of the config)")
+
+    def token_value(self) -> str:
+        if self.token_file is not None:
+            try:
+                return self.token_file.read_text().strip()
+            except OSError:
+                return ""  # unreadable: actions stay off rather than open
+        return self.token
+
+
 class Settings(_Strict):
     mqtt: MqttSettings = MqttSettings()
     journal: JournalSettings = JournalSettings()
@@ -223,6 +241,7 @@ class Settings(_Strict):
     alerts: AlertSettings = AlertSettings()
     protect: ProtectSettings = ProtectSettings()
     failover: FailoverSettings = FailoverSettings()
+    web: WebSettings = WebSettings()
 
     @model_validator(mode="after")
     def _unique_sentinels(self) -> Settings:

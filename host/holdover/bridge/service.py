@@ -66,7 +66,7 @@ class Bridge:
 
             # The routing table of the namespace configured (tests), else this machine's own.
             self.failover = Failover(
-                fo, NetNS(fo.netns) if fo.netns else IPRoute(), self._node_event, on_state=self._node_uplinks
+                fo, NetNS(fo.netns) if fo.netns else IPRoute(), self.node_event, on_state=self._node_uplinks
             )
             self.reactions.append(self.failover)
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
@@ -122,9 +122,12 @@ class Bridge:
                 # A serial write waits for the UART; off the loop, which must keep taking events.
                 asyncio.get_running_loop().run_in_executor(None, s.write, payload)
 
-    def _node_event(self, kind: str, data: dict[str, Any]) -> None:
-        """An event about this machine (failover, failback): journaled under NODE, then reacted to."""
-        self._react(self.journal.host_event(NODE, kind, data))
+    def node_event(self, kind: str, data: dict[str, Any]) -> Event:
+        """An event about this machine (failover, a checkpoint asked for): journaled under NODE,
+        then handed to every reaction."""
+        event = self.journal.host_event(NODE, kind, data)
+        self._react(event)
+        return event
 
     def _publish_alert(self, text: str) -> None:
         if self.link is not None:

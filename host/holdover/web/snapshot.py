@@ -1,0 +1,91 @@
+"""What the node and its sentinels look like now, read from the journal and the run registry.
+
+Both the HTTP API and `holdover status` use it; it needs no running bridge (the journal is the
+bridge's memory), so the CLI works while the bridge is down.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from holdover import events
+from holdover.firmware import protocol
+from holdover.journal import Journal
+
+
+def sentinels(journal: Journal, configured: list[str]) -> list[dict[str, Any]]:
+    """Every configured sentinel and every one the journal has heard of, with its last state."""
+    seen = [r[0] for r in journal.db.execute("SELECT sid FROM sentinels ORDER BY sid")]
+    out = []
+    for sid in sorted(set(configured) | set(seen)):
+        held = journal.sentinel(sid) or {}
+        state = held.get("state") or {}
+        out.append(
+            {
+                "sid": sid,
+                "configured": sid in configured,
+                "status": held.get("status"),  # online / offline, from the retained status and last will
+                "status_age_s": _age(held.get("status_ts")),
+                "state_age_s": _age(held.get("state_ts")),
+                "mains": state.get("mains"),
+                "battery_v": state.get("battery_v"),
+                "battery_pct": state.get("battery_pct"),
+                "runtime_s": state.get(protocol.RUNTIME),
+                "uplink": state.get("uplink"),  # up / degraded / down, or None: not watched
+                "targets": state.get("targets") or [],  # each probe target's RTT and loss
+                "relay": state.get("relay"),
+                "last_event": _last_event(journal, sid),
+            }
+        )
+    return out
+
+
+def _age(ts: float | None) -> float | None:
+    return None if ts is None else round(max(0.0, time.time() - ts), 1)
+
+
+def _last_event(journal: Journal, sid: str) -> dict[str, Any] | None:
+    found = journal.events(sid=sid, limit=1)
+    if not found:
+        return None
+    e = found[0]
+    return {"kind": e.kind, "age_s": _age(e.rx_ts), "text": events.kind(e.kind).describe(sid=sid, **e.data)}
+
+
+def uplinks(journal: Journal) -> dict[str, Any]:
+    """The node's failover as the journal last recorded it (the live view is the bridge's)."""
+    last = journal.events(sid=protocol.NODE, kind=None, limit=50)
+    for e in last:
+        if e.kind in (events.FAILOVER, events.FAILBACK):
+            return {
+                "active": e.data.get("uplink"),
+                "since_s": _age(e.rx_ts),
+                "last": e.kind,
+                "uplinks": e.data.get("uplinks", []),
+            }
+    return {"active": None, "since_s": None, "last": None, "uplinks": []}
+
+
+def checkpoints(journal: Journal, limit: int = 50) -> list[dict[str, Any]]:
+    """Verified emergency checkpoints, newest first: which run, its size, how long, how fast."""
+    out = []
+    for s in reversed(journal.steps()):
+        if s["action"] != "verified":
+            continue
+        d = s["detail"]
+        out.append(
+            {
+                "target": s["target"],
+                "at": s["ts"],
+                "age_s": _age(s["ts"]),
+                "dir": d.get("dir"),
+                "step": d.get("step"),
+                "bytes": d.get("bytes"),
+                "seconds": d.get("seconds"),
+                "mb_s": d.get("mb_s"),
+            }
+        )
+        if len(out) >= limit:
+            break
+    return out
