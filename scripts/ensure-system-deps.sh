@@ -15,6 +15,8 @@ if [ "$for_what" != demo ]; then
   command -v ip >/dev/null 2>&1 || need+=(iproute2)
   # nft imposes random packet loss inside the failover tests' own namespaces (no netem here).
   command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
+  # The dashboard test drives Debian's chromium through Playwright (no browser download).
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then

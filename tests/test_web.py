@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +20,32 @@ import pytest
 from conftest import wait_for
 from holdover.journal import Journal
 from holdover.lab.broker import free_port
+from holdover.lab.targets import TcpTarget
 from holdover.settings import WebSettings
 from holdover.web.server import make_server
 
 HOLDOVER = str(Path(sys.executable).parent / "holdover")
 TOKEN = "0f3b8c1d9e2a4b5c6d7e8f90a1b2c3d4"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+@contextlib.contextmanager
+def serving(rig, settings: WebSettings | None = None):
+    """The API served on a running rig's bridge loop, and a client for it."""
+    settings = settings or WebSettings(port=free_port(), token=TOKEN)
+    made = make_server(rig.bridge.bridge, settings)
+    assert made is not None
+    server, sock = made
+    done = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), rig.bridge.loop)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{settings.port}", timeout=10)
+    try:
+        wait_for(lambda: _ok(client), 10, "the API up")
+        yield client
+    finally:
+        client.close()
+        server.should_exit = True
+        done.result(10)
+        sock.close()
 
 
 @pytest.fixture
@@ -30,18 +53,8 @@ def api(rig_factory):
     """A rig (broker, bridge, emulated sentinel) with the API served on the bridge's loop."""
     rig = rig_factory()
     rig.wait("boot", 15)
-    settings = WebSettings(port=free_port(), token=TOKEN)
-    made = make_server(rig.bridge.bridge, settings)
-    assert made is not None
-    server, sock = made
-    done = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), rig.bridge.loop)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{settings.port}", timeout=10)
-    wait_for(lambda: _ok(client), 10, "the API up")
-    yield rig, client
-    client.close()
-    server.should_exit = True
-    done.result(10)
-    sock.close()
+    with serving(rig) as client:
+        yield rig, client
 
 
 def _ok(client: httpx.Client) -> bool:
@@ -123,19 +136,9 @@ def test_every_post_is_refused_without_the_token_and_works_with_it(api) -> None:
 
 def test_actions_are_off_when_no_token_is_configured(rig_factory) -> None:
     rig = rig_factory(emulator=False)
-    made = make_server(rig.bridge.bridge, WebSettings(port=free_port()))
-    assert made is not None
-    server, sock = made
-    done = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), rig.bridge.loop)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=10) as c:
-            wait_for(lambda: _ok(c), 10, "the API up")
-            r = c.post("/api/actions/checkpoint", headers={"Authorization": "Bearer anything"})
-            assert r.status_code == 403 and "no [web] token" in r.text
-    finally:
-        server.should_exit = True
-        done.result(10)
-        sock.close()
+    with serving(rig, WebSettings(port=free_port())) as c:
+        r = c.post("/api/actions/checkpoint", headers={"Authorization": "Bearer anything"})
+        assert r.status_code == 403 and "no [web] token" in r.text
 
 
 def test_holdover_bridge_serves_the_api_and_a_busy_port_is_not_its_end(tmp_path) -> None:
@@ -196,11 +199,94 @@ def test_status_and_events_read_an_end_to_end_journal_with_the_bridge_down(rig_f
 
 
 def test_the_dashboard_page_is_served_with_the_kinds_it_listens_for(api) -> None:
-    # The page's behaviour in a browser is not tested here yet (headless Chromium is the next
-    # slice); this checks what the server puts in it.
+    # What the server puts in the page; its behaviour in a browser is the Chromium test below.
     _rig, client = api
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     kinds = json.loads(r.text.split("const KINDS = ", 1)[1].split(";", 1)[0])
     assert "mains_lost" in kinds and "failover" in kinds and "checkpoint_verified" in kinds
     assert 'new EventSource("/api/events/stream")' in r.text
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Nothing beyond loopback: no component updates, safe-browsing lists, metrics or sync.
+QUIET = [
+    "--no-sandbox",  # root inside the test's namespace
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-sync",
+    "--metrics-recording-only",
+    "--no-first-run",
+    "--no-pings",
+]
+
+
+def test_the_dashboard_in_headless_chromium_shows_a_power_cut_within_2s(api, tmp_path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM, "Debian's chromium package is missing (scripts/ensure-system-deps.sh installs it)"
+    rig, client = api
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 412, "height": 915})  # a phone's screen
+            page.goto(str(client.base_url))
+            page.wait_for_selector("#live.ok", timeout=10000)  # the event stream is open
+            mains = page.locator('[data-sid="demo"] [data-k="mains"]')
+            assert mains.inner_text() == "on"
+            cut = time.monotonic()
+            rig.control.send(mains=False)
+            page.wait_for_selector('#timeline li[data-kind="mains_lost"]', timeout=5000)
+            took = time.monotonic() - cut
+            page.wait_for_selector('[data-sid="demo"] [data-k="mains"].bad', timeout=5000)
+            shot = ARTIFACTS / "dashboard-power-cut.png"
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    print(f"dashboard: the power cut on the page {took:.2f} s after the cut")
+    assert took < 2.0, took
+    assert shot.stat().st_size > 10_000
+
+
+def _browser(p):
+    return p.chromium.launch(executable_path=CHROMIUM, args=QUIET, headless=True)
+
+
+def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) -> None:
+    from playwright.sync_api import sync_playwright
+
+    target = TcpTarget()
+    battery = {"pin": 34, "interval_ms": 200, "samples": 4, "low_pct": 30, "critical_pct": 10}
+    uplink = {"targets": [{"kind": "tcp", "host": "127.0.0.1", "port": target.port}]}
+    try:
+        rig = rig_factory(firmware={"battery": battery, "uplink": uplink})
+        rig.bridge.bridge.journal.SAMPLE_EVERY_S = 0.0  # every state a point, not one per 10 s
+        rig.wait("boot", 15)
+        for _ in range(3):  # each event sends a state: six points
+            since = time.monotonic()
+            rig.control.send(mains=False)
+            rig.wait("mains_lost", 5, since)
+            rig.control.send(mains=True)
+            rig.wait("mains_restored", 5, since)
+        with serving(rig) as client:
+            points = client.get("/api/sentinels/demo/history", params={"hours": 1}).json()["points"]
+            volts = [v for _t, v, _r in points if v is not None]
+            rtts = [r for _t, _v, r in points if r is not None]
+            assert len(volts) >= 4 and all(3.0 < v < 4.5 for v in volts), points  # a 1S Li-ion's range
+            assert len(rtts) >= 4 and all(0 <= r < 500 for r in rtts), points
+            with sync_playwright() as p:
+                browser = _browser(p)
+                try:
+                    page = browser.new_page(viewport={"width": 412, "height": 915})
+                    page.goto(str(client.base_url))
+                    for series in ("battery", "RTT"):
+                        line = page.locator(f'[data-sid="demo"] svg.spark[data-series="{series}"] polyline')
+                        line.wait_for(state="attached", timeout=5000)  # a flat line has no height
+                        assert len(line.get_attribute("points").split()) == len(volts if series == "battery" else rtts)
+                    page.screenshot(path=str(ARTIFACTS / "dashboard-history.png"), full_page=True)
+                finally:
+                    browser.close()
+    finally:
+        target.stop()

@@ -75,6 +75,13 @@ CREATE TABLE IF NOT EXISTS rescue_steps (
     action TEXT NOT NULL,
     detail TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS samples (
+    sid TEXT NOT NULL,
+    ts REAL NOT NULL,
+    battery_v REAL,
+    rtt_ms REAL
+);
+CREATE INDEX IF NOT EXISTS samples_by_time ON samples (sid, ts);
 CREATE TABLE IF NOT EXISTS alert_outbox (
     id INTEGER PRIMARY KEY,
     ts REAL NOT NULL,
@@ -228,6 +235,29 @@ class Journal:
             (sid, status, time.time()),
         )
 
+    SAMPLE_EVERY_S = 10.0  # a chatty sentinel's states still make at most one point per this
+    SAMPLES_KEEP_S = 7 * 86400
+
+    def _sample(self, sid: str, data: dict[str, Any]) -> None:
+        """One point of the history the dashboard plots: battery volts, best probe RTT."""
+        rtts = [t.get("rtt_ms") for t in data.get("targets") or [] if isinstance(t, dict)]
+        rtt = min((r for r in rtts if isinstance(r, int | float)), default=None)
+        volts = data.get("battery_v") if isinstance(data.get("battery_v"), int | float) else None
+        if volts is None and rtt is None:
+            return
+        now = time.time()
+        (last,) = self.db.execute("SELECT MAX(ts) FROM samples WHERE sid=?", (sid,)).fetchone()
+        if last is not None and now - last < self.SAMPLE_EVERY_S:
+            return
+        self.db.execute("INSERT INTO samples (sid, ts, battery_v, rtt_ms) VALUES (?,?,?,?)", (sid, now, volts, rtt))
+        self.db.execute("DELETE FROM samples WHERE sid=? AND ts<?", (sid, now - self.SAMPLES_KEEP_S))
+
+    def samples(self, sid: str, since: float) -> list[tuple[float, float | None, float | None]]:
+        rows = self.db.execute(
+            "SELECT ts, battery_v, rtt_ms FROM samples WHERE sid=? AND ts>=? ORDER BY ts", (sid, since)
+        )
+        return [tuple(r) for r in rows]
+
     def set_state(self, body: dict[str, Any]) -> None:
         self.db.execute(
             "INSERT INTO sentinels (sid, boot, seq, state_ts, state) VALUES (?,?,?,?,?) "
@@ -235,6 +265,7 @@ class Journal:
             "state_ts=excluded.state_ts, state=excluded.state",
             (body["sid"], body["boot"], body["seq"], body["ts"], json.dumps(body["data"])),
         )
+        self._sample(body["sid"], body["data"])
 
     def sentinel(self, sid: str) -> dict[str, Any] | None:
         row = self.db.execute(

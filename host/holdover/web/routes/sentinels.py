@@ -6,9 +6,10 @@ uses the journal's connection. Blocking work goes to a thread explicitly.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Query
 
 from holdover.bridge.service import Bridge
 from holdover.web import snapshot
@@ -32,6 +33,12 @@ def _all(b: Bridge) -> list[dict[str, Any]]:
 @router.get("")
 async def list_sentinels(b: Bridge = Depends(bridge)) -> list[dict[str, Any]]:
     return _all(b)
+
+
+@router.get("/{sid}/history")
+async def history(sid: str, hours: float = Query(6.0, gt=0, le=168), b: Bridge = Depends(bridge)) -> dict[str, Any]:
+    """Battery volts and the best probe RTT over the last hours: [ts, battery_v, rtt_ms] points."""
+    return {"sid": sid, "points": b.journal.samples(sid, time.time() - hours * 3600)}
 
 
 @router.get("/{sid}")
