@@ -9,6 +9,9 @@ import pytest
 DEBOUNCE_MS = 300
 CYCLE_MS = 20  # one mains cycle at 50 Hz
 SAMPLE_MS = 5
+# A sample may come this much late without the watch counting a stall (it counts one past the
+# pulse gap plus a sample): on a busy host that lateness is in the report and not in held_up.
+UNCOUNTED_MS = 25 + SAMPLE_MS
 
 
 @pytest.mark.parametrize("ghost_hz", [0, 2, 5, 10, 20])
@@ -27,7 +30,11 @@ def test_mains_lost_fires_on_time_through_ghost_edges(rig_factory, ghost_hz: int
     # time this machine held the interpreter up (a busy host, not the chip): the watch then
     # refuses to count the stall as evidence of a loss, and reports that much later.
     held_up = rig.control.send(get="state")["state"]["loop_stalled_ms"] - stalled
-    assert DEBOUNCE_MS - CYCLE_MS <= late <= DEBOUNCE_MS + CYCLE_MS + SAMPLE_MS + held_up, (late, held_up)
+    # (A clean clone's run here once reported 327 ms with held_up 0: 2 ms past the old bound.)
+    assert DEBOUNCE_MS - CYCLE_MS <= late <= DEBOUNCE_MS + CYCLE_MS + SAMPLE_MS + UNCOUNTED_MS + held_up, (
+        late,
+        held_up,
+    )
     time.sleep(1.0)  # the ghosts go on: nothing flips back
     assert rig.count("mains_restored", since=t0) == 0
     t1 = time.monotonic()
