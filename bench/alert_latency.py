@@ -25,13 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
 from holdover.board.emulator import DEFAULT_HEAP
 from holdover.lab.rig import Rig
-
-
-def percentile(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+from holdover.lab.stats import percentile
 
 
 def wait_lines(path: Path, n: int, timeout: float) -> list[str]:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
 from holdover import events
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
+from holdover.lab.stats import percentile
 from holdover.node.failover import Failover
 from holdover.node.probe import in_netns
 from holdover.settings import FailoverSettings
@@ -49,13 +50,6 @@ MWAN3 = {"interval": 5.0, "timeout": 4.0, "down": 5, "up": 5, "reliability": 1, 
 # Ours: the shipped defaults; failback after 3 s of a steady primary rather than 30, only so the
 # trials follow each other sooner (it changes nothing about detection).
 OURS = {"failback_after": 3.0}
-
-
-def percentile(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 class Flow:

@@ -32,16 +32,10 @@ from holdover.board.emulator import DEFAULT_HEAP
 from holdover.firmware import protocol
 from holdover.journal import HOST_BOOT, Journal
 from holdover.lab.rig import Rig
+from holdover.lab.stats import percentile
 from holdover.lab.targets import UdpServer, dns_answer
 
 WATCHED = (protocol.MAINS_LOST, protocol.MAINS_RESTORED, protocol.UPLINK_LOST, protocol.UPLINK_RESTORED)
-
-
-def percentile(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 class Soak:

@@ -38,16 +38,10 @@ sys.modules.setdefault("netio", netio)
 from holdover.firmware import config as board_config  # noqa: E402
 from holdover.firmware import uplink  # noqa: E402  (the decision code the board runs)
 from holdover.lab.rig import Rig  # noqa: E402
+from holdover.lab.stats import percentile  # noqa: E402
 from holdover.lab.targets import UdpServer, dns_answer  # noqa: E402
 
 MWAN3 = {"interval_ms": 5000, "timeout_ms": 4000, "down": 5, "up": 5, "reliability": 1}
-
-
-def percentile(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def defaults() -> dict[str, Any]:

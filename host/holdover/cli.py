@@ -51,6 +51,13 @@ def _config(path: Path) -> settings_mod.Settings:
         raise typer.Exit(2) from None
 
 
+def _journal_exists(cfg: settings_mod.Settings) -> None:
+    """The commands that read the journal directly: exit 2 if the bridge never made one."""
+    if not cfg.journal.path.exists():
+        typer.echo(f"holdover: no journal at {cfg.journal.path} yet (has the bridge run?)", err=True)
+        raise typer.Exit(2)
+
+
 @app.command()
 def bridge(
     config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config."),
@@ -171,9 +178,7 @@ def status(
     from holdover.web import snapshot
 
     cfg = _config(config)
-    if not cfg.journal.path.exists():
-        typer.echo(f"holdover: no journal at {cfg.journal.path} yet (has the bridge run?)", err=True)
-        raise typer.Exit(2)
+    _journal_exists(cfg)
     with Journal(cfg.journal.path, readonly=True) as j:
         st = {
             "sentinels": snapshot.sentinels(j, [s.id for s in cfg.sentinels]),
@@ -235,9 +240,7 @@ def events(
     from holdover.journal import Journal
 
     cfg = _config(config)
-    if not cfg.journal.path.exists():
-        typer.echo(f"holdover: no journal at {cfg.journal.path} yet (has the bridge run?)", err=True)
-        raise typer.Exit(2)
+    _journal_exists(cfg)
 
     def show(e: object) -> None:
         k = kinds.kind(e.kind)  # type: ignore[attr-defined]
