@@ -47,7 +47,7 @@ MWAN3 = {"interval_ms": 5000, "timeout_ms": 4000, "down": 5, "up": 5, "reliabili
 def defaults() -> dict[str, Any]:
     raw = {
         "sentinel_id": "b",
-        "key": "0" * 32,
+        "key": "5e0b8d2f7a4c9e1b3f6a8d0c2e5b7f9a",
         "wlan": {"ssid": "x"},
         "mqtt": {"host": "10.0.0.1"},
         "mains": {"pin": 27},

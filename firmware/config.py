@@ -15,7 +15,7 @@ def _sid(v):
 
 
 def _key(v):
-    return None if len(v) >= 16 else "must be at least 16 characters"
+    return protocol.key_problem(v)
 
 
 def _rng(lo, hi):

@@ -4,6 +4,7 @@ runs the very same rules and prints every problem by key."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from holdover.board.config_check import check_text
 
 GOOD = {
     "sentinel_id": "rack1",
-    "key": "0123456789abcdef0",
+    "key": "7f3a9c2e5b1d8e4f6",
     "wlan": {"ssid": "lab"},
     "mqtt": {"host": "127.0.0.1"},
     "mains": {"pin": 27},
@@ -145,3 +146,43 @@ def test_each_chips_recommended_map_passes_on_the_board_and_the_host(tmp_path: P
     # And the board itself refuses a bad pin with the host's words.
     bad = json.dumps(_with(chip, False, {"mains": {"pin": 22 if chip != "esp32" else 24}}))
     assert "does not exist on an ESP32" in _board(tmp_path, bad)
+
+
+WEAK_KEYS = [
+    ("short", "must be at least 16 characters"),
+    ("<the key holdover keygen rack1 printed>", "looks like a placeholder"),
+    ("a long random secret, at least 16 characters", "looks like a placeholder ('secret')"),
+    ("change-me-change-me-change-me", "looks like a placeholder ('change')"),
+    ("aaaaaaaabbbbbbbbaaaaaaaabbbbbbbb", "too predictable (about 32 bits"),
+    ("0123456789abcdef", "too predictable (runs of consecutive characters)"),
+]
+
+
+@pytest.mark.parametrize(("key", "words"), WEAK_KEYS)
+def test_the_board_and_the_bridge_refuse_the_same_weak_keys(tmp_path: Path, key: str, words: str) -> None:
+    from holdover import settings
+
+    text = json.dumps({**GOOD, "key": key})
+    board = _board(tmp_path, text)
+    assert board.startswith("error:") and f"key: {words}" in board, board
+    assert any(p.startswith(f"key: {words}") for p in check_text(text)), check_text(text)
+    with pytest.raises(settings.ConfigError, match=re.escape(words)):
+        settings.parse({"sentinels": [{"id": "rack1", "key": key}]})
+
+
+def test_keygen_writes_a_private_key_both_configs_accept(tmp_path: Path) -> None:
+    from holdover import settings
+
+    holdover = Path(sys.executable).parent / "holdover"
+    out = subprocess.run([str(holdover), "keygen", "rack1", "--dir", str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "rack1.key"
+    assert path.stat().st_mode & 0o777 == 0o600
+    key = path.read_text().strip()
+    assert len(key) == 64 and f'"key": "{key}",' in out.stdout and f'key_file = "{path}"' in out.stdout
+    board_text = json.dumps({**GOOD, "key": key})
+    assert _board(tmp_path, board_text) == "ok" and check_text(board_text) == []
+    cfg = settings.parse({"sentinels": [{"id": "rack1", "key_file": str(path)}]})
+    assert cfg.keys() == {"rack1": key.encode()}
+    again = subprocess.run([str(holdover), "keygen", "rack1", "--dir", str(tmp_path)], capture_output=True, text=True)
+    assert again.returncode == 1 and "exists" in again.stderr and path.read_text().strip() == key

@@ -72,7 +72,7 @@ def test_holdover_emu_stopped_with_sigterm_ends_its_interpreter_and_state(tmp_pa
         json.dumps(
             {
                 "sentinel_id": "emu",
-                "key": "0123456789abcdef0123",
+                "key": "7f3a9c2e5b1d8e4f6a0c",
                 "mqtt": {"host": "127.0.0.1", "port": broker_port},
                 "wlan": {"ssid": "lab"},
                 "mains": {"pin": 27},

@@ -298,7 +298,7 @@ def test_bridge_refuses_a_bad_config_listing_every_problem(tmp_path: Path) -> No
 
 def test_emu_refuses_a_bad_board_config_naming_the_key(tmp_path: Path) -> None:
     cfg = tmp_path / "config.json"
-    cfg.write_text('{"sentinel_id": "s", "key": "0123456789abcdef", "mqtt": {"host": "127.0.0.1"}, "mains": {}}')
+    cfg.write_text('{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "mqtt": {"host": "127.0.0.1"}, "mains": {}}')
     proc = subprocess.run(
         [sys.executable, "-m", "holdover.cli", "emu", "--config", str(cfg), "--state", str(tmp_path / "st")],
         capture_output=True,

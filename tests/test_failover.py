@@ -1,6 +1,6 @@
 """Uplink failover in real kernel networking: namespaces the test builds, never its own.
 
-The node and the internet are two namespaces joined by two veth pairs (holdover.lab.netlab).
+A node, two ISPs and the internet, each a namespace, joined by veth pairs (holdover.lab.netlab).
 The failover code is handed the node's namespace and touches nothing else.
 """
 
@@ -263,6 +263,7 @@ def test_a_bridge_killed_mid_failover_leaves_a_route_the_next_start_removes(tmp_
         cfg = tmp_path / "holdover.toml"
         cfg.write_text(
             f'[mqtt]\nport = {free_port()}\n[journal]\npath = "{tmp_path / "j.db"}"\n'
+            '[[sentinels]]\nid = "site"\nkey = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"\n'
             f'[failover]\ntargets = {json.dumps(fo["targets"])}\nnetns = "{lab.node_name}"\n{uplinks}'
         )
         holdover = Path(sys.executable).parent / "holdover"

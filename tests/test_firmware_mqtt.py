@@ -171,7 +171,7 @@ def test_emulated_adc_sees_the_battery_through_the_divider(rig_factory) -> None:
     ("cfg", "message"),
     [
         (
-            '{"key": "0123456789abcdef", "wlan": {"ssid": "lab"}, "mqtt": {"host": "1.2.3.4"}, "mains": {"pin": 4}}',
+            '{"key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "1.2.3.4"}, "mains": {"pin": 4}}',
             "sentinel_id: required",
         ),
         (
@@ -179,19 +179,19 @@ def test_emulated_adc_sees_the_battery_through_the_divider(rig_factory) -> None:
             "key: must be at least",
         ),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2", "port": 70000}, "mains": {"pin": 4}}',
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2", "port": 70000}, "mains": {"pin": 4}}',
             "mqtt.port: must be in 1..65535",
         ),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4, "mode": "ac"}}',
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4, "mode": "ac"}}',
             "mains.mode: must be one of",
         ),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}, "x": 1}',
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}, "x": 1}',
             "x: unknown key",
         ),
         (
-            '{"sentinel_id": "s", "key": "0123456789abcdef", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": true}}',
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": true}}',
             "mains.pin: must be an integer",
         ),
         ("{not json", "not valid JSON"),

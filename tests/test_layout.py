@@ -18,7 +18,7 @@ ALLOWED = {
     "bridge": {"node", "train"},
     "node": {"train"},
     "board": set(),
-    "lab": {"bridge", "node", "board", "train"},
+    "lab": {"bridge", "node", "board", "web", "train"},
     "web": {"bridge", "node"},
     "train": set(),
 }

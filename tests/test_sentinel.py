@@ -600,7 +600,7 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
 
 _BASE = {
     "sentinel_id": "s",
-    "key": "0123456789abcdef",
+    "key": "7f3a9c2e5b1d8e4f",
     "wlan": {"ssid": "lab"},
     "mqtt": {"host": "10.0.0.2"},
     "mains": {"pin": 27},

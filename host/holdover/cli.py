@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -68,9 +69,75 @@ def bridge(
 
     _logging(verbose)
     cfg = _config(config)
+    if not cfg.sentinels:
+        typer.echo(
+            f"holdover: {config}: no [[sentinels]]: the bridge would hear nobody. Make a key with "
+            "`holdover keygen ID`; it prints the [[sentinels]] lines to add.",
+            err=True,
+        )
+        raise typer.Exit(2)
     from holdover.web.server import run_with
 
     asyncio.run(run_with(Bridge(cfg), cfg.web))
+
+
+@app.command()
+def keygen(
+    sentinel: str = typer.Argument(..., help="The sentinel's id (its sentinel_id on the board)."),
+    directory: Path = typer.Option(Path("/etc/holdover"), "--dir", help="Where SENTINEL.key is written."),
+    force: bool = typer.Option(False, help="Replace an existing key file (the board then needs the new key)."),
+) -> None:
+    """Make a sentinel's signing key: a 0600 file for the bridge, and the line for the board's config."""
+    from holdover.board import keys
+
+    try:
+        path, key = keys.write(sentinel, directory, force)
+    except keys.KeyFileError as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {path} (mode 0600, {keys.KEY_BYTES} random bytes as hex)")
+    typer.echo("\nthe board's config.json:")
+    typer.echo(f'  "sentinel_id": "{sentinel}",\n  "key": "{key}",')
+    typer.echo("\nthe bridge's holdover.toml:")
+    typer.echo(f'  [[sentinels]]\n  id = "{sentinel}"\n  key_file = "{path.resolve()}"')
+
+
+@app.command("config-example")
+def config_example() -> None:
+    """Print a bridge config with every setting, its default and what it is for (holdover.toml.example)."""
+    typer.echo(settings_mod.example_toml(), nl=False)
+
+
+@app.command("broker-config")
+def broker_config(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (its sentinels get users)."),
+    out: Path = typer.Option(Path("/etc/holdover/mosquitto"), help="Where mosquitto.conf, passwd and acl go."),
+    listen: str = typer.Option("0.0.0.0", help="The broker's listening address (the LAN's side)."),
+    port: int = typer.Option(1883, help="The broker's port."),
+    persistence: Path = typer.Option(Path("/var/lib/mosquitto"), help="Mosquitto's persistence directory."),
+    ha: bool = typer.Option(False, "--ha", help="Add a user for Home Assistant (reads state, switches relays)."),
+    lan_address: str = typer.Option("", help="This broker's LAN address, for the sentinels' config lines."),
+) -> None:
+    """Write a Mosquitto config with a password per client and an ACL per sentinel, and print the
+    lines that make the bridge's and each sentinel's configs match."""
+    from holdover.bridge import broker_config as bc
+
+    cfg = _config(config)
+    try:
+        w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha)
+    except (bc.BrokerConfigError, OSError) as e:
+        typer.echo(f"holdover: broker-config: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {w.conf}, {w.passwd} ({len(w.passwords)} users, hashed), {w.acl}")
+    typer.echo(f"run it: mosquitto -c {w.conf}")
+    typer.echo(f"\n{config}: the bridge's [mqtt] section:")
+    typer.echo(f'  username = "{bc.BRIDGE_USER}"\n  password_file = "{w.password_files[bc.BRIDGE_USER]}"')
+    host = lan_address or "<this broker's LAN address>"
+    for s in cfg.sentinels:
+        mqtt = {"host": host, "port": port, "user": s.id, "password": w.passwords[s.id]}
+        typer.echo(f'\nsentinel {s.id}, in its config.json:\n  "mqtt": {json.dumps(mqtt)}')
+    if ha:
+        typer.echo(f"\nHome Assistant's MQTT: user {bc.HA_USER}, password in {w.password_files[bc.HA_USER]}")
 
 
 @app.command("check-config")
@@ -366,11 +433,14 @@ def emu(
 @app.command()
 def demo(
     debounce_ms: int = typer.Option(300, help="Mains debounce on the emulated sentinel."),
+    hold: float = typer.Option(
+        0.0, help="Keep everything up this many seconds at the end, to open the dashboard in a browser."
+    ),
 ) -> None:
     """Run the whole chain locally: Mosquitto, an emulated sentinel, the bridge; cut and restore mains."""
     from holdover.lab.demo import run_demo
 
-    raise typer.Exit(run_demo(debounce_ms=debounce_ms))
+    raise typer.Exit(run_demo(debounce_ms=debounce_ms, hold_s=hold))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import os
 import re
 import signal
 import socket
 import tomllib
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from holdover import events
 from holdover.firmware import protocol
@@ -24,33 +35,53 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _as_path(v: object) -> object:
+    return Path(v) if isinstance(v, str) else v
+
+
+# A path is a string in TOML; checked strictly (see parse), pydantic would want a Path object.
+ConfigPath = Annotated[Path, BeforeValidator(_as_path)]
+
+
 class MqttSettings(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(1883, ge=1, le=65535)
-    username: str = ""
-    password: str = ""
-    client_id: str = "holdover-bridge"
-    keepalive: int = Field(30, ge=5, le=3600)
+    host: str = Field("127.0.0.1", description="the broker (Mosquitto on the LAN, reachable when the WAN is down)")
+    port: int = Field(1883, ge=1, le=65535, description="the broker's port")
+    username: str = Field("", description="the bridge's broker user (holdover broker-config makes one)")
+    password: str = Field("", description="its password (better: password_file)")
+    password_file: ConfigPath | None = Field(None, description="a file holding the password, kept out of the config")
+    client_id: str = Field("holdover-bridge", description="one per bridge: its persistent session on the broker")
+    keepalive: int = Field(
+        30, ge=5, le=3600, description="seconds; the broker drops a silent bridge after 1.5 times this"
+    )
     ha_commands: bool = Field(
         True, description="forward Home Assistant's ON/OFF on holdover/<id>/relay/set as signed commands"
     )
+
+    @model_validator(mode="after")
+    def _password_file(self) -> MqttSettings:
+        if self.password_file is not None:
+            try:
+                self.password = self.password_file.read_text().strip()
+            except OSError as e:
+                raise ValueError(f"password_file: cannot read {self.password_file}: {e.strerror}") from None
+        return self
 
 
 class SerialSettings(_Strict):
     """A sentinel's USB serial port: /dev/ttyUSB0, /dev/serial/by-id/..., or socket://HOST:PORT (the emulator)."""
 
-    url: str = Field(min_length=1)
-    baud: int = Field(115200, ge=300, le=4000000)
+    url: str = Field(min_length=1, description="/dev/ttyUSB0, /dev/serial/by-id/..., socket://HOST:PORT")
+    baud: int = Field(115200, ge=300, le=4000000, description="the board's console speed")
 
 
 class JournalSettings(_Strict):
-    path: Path = Path("holdover-journal.db")
+    path: ConfigPath = Field(Path("holdover-journal.db"), description="the event journal (SQLite)")
 
 
 class SentinelSettings(_Strict):
-    id: str
-    key: str = ""
-    key_file: Path | None = None
+    id: str = Field(description="its sentinel_id in the board's config.json")
+    key: str = Field("", description="its signing key, as in the board's config (better: key_file)")
+    key_file: ConfigPath | None = Field(None, description="a 0600 file holding the key: holdover keygen ID makes it")
 
     @field_validator("id")
     @classmethod
@@ -66,15 +97,20 @@ class SentinelSettings(_Strict):
                 self.key = self.key_file.read_text().strip()
             except OSError as e:
                 raise ValueError(f"key_file: cannot read {self.key_file}: {e.strerror}") from None
-        if len(self.key.encode()) < 16:
-            raise ValueError("key: must be at least 16 bytes (set key or key_file)")
+        if not self.key:
+            raise ValueError(f"key: set key or key_file (make one: holdover keygen {self.id})")
+        problem = protocol.key_problem(self.key)
+        if problem:
+            raise ValueError(f"{'key_file ' + str(self.key_file) if self.key_file else 'key'}: {problem}")
         return self
 
 
 class HookSettings(_Strict):
-    events: list[str] = Field(min_length=1)
-    run: str = Field(min_length=1)
-    timeout: float = Field(30.0, gt=0, le=3600)
+    events: list[str] = Field(min_length=1, description='event kinds that run it, or ["*"]')
+    run: str = Field(
+        min_length=1, description="a shell command; gets HOLDOVER_EVENT, HOLDOVER_SENTINEL, HOLDOVER_PAYLOAD"
+    )
+    timeout: float = Field(30.0, gt=0, le=3600, description="seconds, then SIGTERM and SIGKILL to its process group")
     sentinels: list[str] = Field(default_factory=list, description="empty: every sentinel")
 
     @field_validator("events")
@@ -92,19 +128,19 @@ class HookSettings(_Strict):
 class ProtectSettings(_Strict):
     """What the bridge does for training runs when the sentinel reports the node is on battery."""
 
-    enabled: bool = True
-    registry: Path | None = Field(None, description="where protected runs register; default as holdover.train")
+    enabled: bool = Field(True, description="emergency checkpoints of protected runs on battery")
+    registry: ConfigPath | None = Field(None, description="where protected runs register; default as holdover.train")
     grace: float = Field(10.0, ge=0, le=3600, description="seconds on battery before saving (upssched-like)")
     runtime_default: float = Field(600.0, gt=0, description="UPS runtime (s) when the event carries no estimate")
     margin: float = Field(60.0, ge=0, description="seconds of the runtime estimate kept in reserve")
     hang_after: float = Field(30.0, gt=0, description="a save that reports no progress this long is hung")
-    after_save: Literal["continue", "exit"] = "continue"
-    rescue_dir: Path = Path("holdover-rescue")
-    gcore: bool = True
+    after_save: Literal["continue", "exit"] = Field("continue", description="what a run does once saved")
+    rescue_dir: ConfigPath = Field(Path("holdover-rescue"), description="where gcore dumps and /dev/shm copies go")
+    gcore: bool = Field(True, description="dump a run that cannot save in time with gcore")
     gcore_rate_mb_s: float = Field(350.0, gt=0, description="measured gcore speed, for its time budget")
     shm: list[str] = Field(default_factory=list, description="globs under /dev/shm copied on rescue")
     final_command: str = Field("", description="run once all targets are saved or rescued, on battery_critical")
-    final_timeout: float = Field(60.0, gt=0)
+    final_timeout: float = Field(60.0, gt=0, description="seconds final_command may take")
     match_cmdline: list[str] = Field(default_factory=list, description="regexes for unregistered training processes")
     match_tmux: list[str] = Field(default_factory=list, description="globs of tmux session names to protect")
     signal: str = Field("SIGUSR2", description="signal for matched processes without a registration")
@@ -128,7 +164,7 @@ class ProtectSettings(_Strict):
 
 
 class UplinkSettings(_Strict):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="a name for it in events and the dashboard")
     dev: str = Field(min_length=1, max_length=15, description="the interface: wan0, usb0, a 4G dongle's")
     gateway: str = Field(min_length=7, description="the next hop through it (an IPv4 address)")
 
@@ -136,11 +172,11 @@ class UplinkSettings(_Strict):
 class FailoverSettings(_Strict):
     """The node's uplinks, the first the primary; empty: no failover."""
 
-    uplinks: list[UplinkSettings] = Field(default_factory=list)
+    uplinks: list[UplinkSettings] = Field(default_factory=list, description="the primary first, then backups")
     # Probed out of every uplink: "ip" for an ICMP echo, "ip:port" for a TCP connect. IP literals
     # only: a name would need a DNS lookup, through the very uplink that may be dead. A real site
     # names a few well-known addresses; tests and benchmarks only ever their own.
-    targets: list[str] = Field(default_factory=list)
+    targets: list[str] = Field(default_factory=list, description="ip (ICMP echo) or ip:port (TCP connect)")
     # 3 bad rounds of 0.4 s: a hard loss is acted on within 1.6 s at the worst phase.
     interval: float = Field(0.4, ge=0.05, le=60, description="seconds between probe rounds")
     timeout: float = Field(0.35, gt=0, le=30, description="seconds a probe may take")
@@ -182,9 +218,9 @@ class FailoverSettings(_Strict):
 class AlertChannelSettings(_Strict):
     """One place alerts go: an apprise URL (ntfy, Telegram, Pushover, mailto, Matrix, ...)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
-    url: str = Field(min_length=3)
-    min_severity: Literal["info", "warning", "critical"] = "warning"
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$", description="a name for it in the journal")
+    url: str = Field(min_length=3, description="an apprise URL: ntfys://ntfy.sh/TOPIC, tgram://..., mailto://...")
+    min_severity: Literal["info", "warning", "critical"] = Field("warning", description="the least it is sent")
     per_hour: int = Field(20, ge=1, le=3600, description="messages an hour at most; more are merged into one")
 
     @field_validator("url")
@@ -199,7 +235,7 @@ class AlertChannelSettings(_Strict):
 
 
 class AlertSettings(_Strict):
-    channels: list[AlertChannelSettings] = Field(default_factory=list)
+    channels: list[AlertChannelSettings] = Field(default_factory=list, description="where alerts go")
     mqtt: bool = Field(True, description="also publish each alert, readable, on holdover/alerts")
     dedup_s: float = Field(300.0, ge=0, description="the same alert again within this is dropped")
     flap_window_s: float = Field(300.0, gt=0, description="changes counted over this window")
@@ -217,11 +253,11 @@ class AlertSettings(_Strict):
 class WebSettings(_Strict):
     """The HTTP API and dashboard the bridge serves (`holdover bridge`)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="serve the HTTP API and the dashboard")
     host: str = Field("127.0.0.1", description="where to listen; 127.0.0.1 unless you mean it")
-    port: int = Field(8787, ge=1, le=65535)
+    port: int = Field(8787, ge=1, le=65535, description="its port")
     token: str = Field("", description="bearer token for POST actions; empty (and no token_file): actions off")
-    token_file: Path | None = Field(None, description="a file holding the token (kept out of the config)")
+    token_file: ConfigPath | None = Field(None, description="a file holding the token (kept out of the config)")
 
     def token_value(self) -> str:
         if self.token_file is not None:
@@ -255,20 +291,170 @@ class Settings(_Strict):
         return {s.id: s.key.encode() for s in self.sentinels}
 
 
+# Values that show the shape of what has no default: required keys and the entries of lists of tables.
+EXAMPLES: dict[str, Any] = {
+    "sentinels.id": "rack1",
+    "sentinels.key_file": "/etc/holdover/rack1.key",
+    "serial.url": "/dev/serial/by-id/usb-Silicon_Labs_CP2102_USB_to_UART_Bridge_Controller_0001-if00-port0",
+    "hooks.events": ["mains_lost", "battery_critical"],
+    "hooks.run": "/usr/local/bin/on-power-loss",
+    "alerts.channels.name": "phone",
+    "alerts.channels.url": "ntfys://ntfy.sh/holdover-site1",
+    "failover.uplinks.name": "wan",
+    "failover.uplinks.dev": "eth0",
+    "failover.uplinks.gateway": "192.168.1.1",
+    "failover.node": "gpu-node-1",
+    "mqtt.password_file": "/etc/holdover/bridge.password",
+    "protect.registry": "/run/user/1000/holdover",
+    "web.token_file": "/etc/holdover/web.token",
+}
+# Sections whose one example entry is live in the example (a bridge needs a sentinel); the other
+# lists of tables are shown commented out.
+_LIVE_EXAMPLES = ("sentinels",)
+
+
+def _toml_value(v: Any) -> str:
+    import tomli_w
+
+    if isinstance(v, list):  # on one line, so that a commented-out example stays commented
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    v = str(v) if isinstance(v, Path) else v
+    return tomli_w.dumps({"v": v}).strip().removeprefix("v = ")
+
+
+def _render(model: type[BaseModel], path: str, out: list[str], prefix: str, entry: bool) -> None:
+    """One table's keys, then its sub-tables (TOML wants a table's own keys first)."""
+    later: list[tuple[str, type[BaseModel], bool]] = []
+    for name, f in model.model_fields.items():
+        key = f"{path}.{name}" if path else name
+        sub = _model_of(f.annotation)
+        if sub is not None:
+            later.append((name, sub, typing.get_origin(f.annotation) is list))
+            continue
+        desc = f.description or ""
+        if typing.get_origin(f.annotation) is Literal:
+            desc += f" (one of: {', '.join(typing.get_args(f.annotation))})"
+        out.append(f"{prefix}# {desc}{' (required)' if f.is_required() else ''}")
+        if key in EXAMPLES and (entry or f.is_required()):
+            out.append(f"{prefix}{name} = {_toml_value(EXAMPLES[key])}")
+        elif f.default_factory is not None and not isinstance(f.default_factory(), list | dict):
+            # A default that depends on the machine: shown with an example, not set.
+            out.append(f"{prefix}# {name} = {_toml_value(EXAMPLES[key])}")
+        else:
+            default = f.default_factory() if f.default_factory is not None else f.default
+            unset = default is None or entry  # an entry's optional keys are shown, not set
+            shown = EXAMPLES.get(key, "") if default is None else default
+            out.append(f"{prefix}{'# ' if unset else ''}{name} = {_toml_value(shown)}")
+    for name, sub, many in later:
+        key = f"{path}.{name}" if path else name
+        out.append("")
+        live = not prefix and (not many or name in _LIVE_EXAMPLES)
+        p = "" if live else "# "
+        if sub.__doc__ and not sub.__doc__.startswith(sub.__name__ + "("):
+            out.append(f"# {sub.__doc__.strip().splitlines()[0]}")
+        out.append(f"{p}[[{key}]]" if many else f"{p}[{key}]")
+        _render(sub, key, out, p, many)
+
+
+def example_toml() -> str:
+    """holdover.toml.example: every setting with its default and what it is for, from these models
+    (`holdover config-example` prints it; a test keeps the file in the repository equal to it)."""
+    out = [
+        "# holdover.toml: the bridge's configuration. Every setting, with its default and what it is for.",
+        "# Generated from holdover/settings.py (`holdover config-example`); keys left out take these defaults.",
+        f"# Any setting can be overridden from the environment: {ENV_PREFIX}SECTION__KEY, e.g.",
+        f"# {ENV_PREFIX}MQTT__HOST=10.0.0.2 or {ENV_PREFIX}WEB__TOKEN_FILE=/etc/holdover/web.token.",
+    ]
+    _render(Settings, "", out, "", False)
+    return "\n".join(out).replace("\n\n\n", "\n\n") + "\n"
+
+
+ENV_PREFIX = "HOLDOVER_"  # HOLDOVER_MQTT__PORT=1884, HOLDOVER_WEB__TOKEN_FILE=..., HOLDOVER_SENTINELS='[...]'
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The settings model inside an annotation (list[X], X | None), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the model at `loc` (the unknown key's parent) takes: for did-you-mean."""
+    model: type[BaseModel] | None = Settings
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if model else None
+        model = _model_of(field.annotation) if field else None
+        if model is None:
+            return []
+    return list(model.model_fields) if model else []
+
+
+_TYPES = {
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list [...]",
+}
+
+
 def _describe(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            known = _fields_at(err["loc"][:-1])
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
+            msg = f"unknown key; did you mean {close[0]!r}?" if close else f"unknown key (known: {', '.join(known)})"
+        elif err["type"] in _TYPES and isinstance(err["input"], str):
+            msg = f"must be {_TYPES[err['type']]}, not the string {err['input']!r} (no quotes)"
+        elif err["type"] in _TYPES:
+            msg = f"must be {_TYPES[err['type']]}, not {type(err['input']).__name__} {err['input']!r}"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
 
-def parse(data: dict, origin: str = "config") -> Settings:
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def environment_overrides() -> dict[str, Any]:
+    """HOLDOVER_SECTION__KEY variables as a config fragment (pydantic-settings reads them: case,
+    nesting, JSON for lists and tables); their values are still strings, typed by validation."""
+    from pydantic_settings import EnvSettingsSource
+
+    src = EnvSettingsSource(Settings, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False)  # type: ignore[arg-type]
+    return src()
+
+
+def parse(data: dict[str, Any], origin: str = "config", env: bool = True) -> Settings:
+    """The file's values strictly as written (a quoted port is an error, as on the board), then
+    the environment's over them (strings by nature, so those are converted)."""
+    if not data:
+        raise ConfigError(f"{origin}: empty; holdover.toml.example has every setting with its default")
     try:
-        return Settings.model_validate(data)
+        cfg = Settings.model_validate(data, strict=True)
     except ValidationError as e:
         raise ConfigError(f"{origin}: {e.error_count()} problem(s)\n{_describe(e)}") from None
+    over = environment_overrides() if env else {}
+    if not over:
+        return cfg
+    try:
+        return Settings.model_validate(_merge(data, over))
+    except ValidationError as e:
+        names = ", ".join(sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX)))
+        raise ConfigError(f"{origin} with {names}: {e.error_count()} problem(s)\n{_describe(e)}") from None
 
 
 def load(path: Path) -> Settings:

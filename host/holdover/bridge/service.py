@@ -9,7 +9,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,14 +237,16 @@ class Bridge:
 class BridgeThread:
     """A bridge on an event loop of its own, for the demo and benchmarks that drive it from outside."""
 
-    def __init__(self, bridge: Bridge) -> None:
+    def __init__(self, bridge: Bridge, main: Callable[[], Awaitable[None]] | None = None) -> None:
         self.bridge = bridge
+        # `main` runs the bridge with company (the web layer's run_with), which this wing never imports.
+        self.main = main or bridge.run
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._main, name="holdover-bridge", daemon=True)
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.bridge.run())
+        self.loop.run_until_complete(self.main())
 
     def start(self) -> BridgeThread:
         self.thread.start()

@@ -49,7 +49,10 @@ def wait_port(host: str, port: int, timeout: float) -> None:
 
 
 class Broker:
-    def __init__(self, port: int | None = None, workdir: Path | None = None, extra_conf: str = "") -> None:
+    def __init__(
+        self, port: int | None = None, workdir: Path | None = None, extra_conf: str = "", auth: str = ""
+    ) -> None:
+        """`auth`: the lines that replace anonymous access (broker_config.auth: passwords and an ACL)."""
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self._own_dir = workdir is None
@@ -57,18 +60,17 @@ class Broker:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.conf = self.dir / "mosquitto.conf"
         self.log = self.dir / "mosquitto.log"
-        self.conf.write_text(
-            f"listener {self.port} {self.host}\n"
-            "allow_anonymous true\n"
-            "persistence true\n"
-            f"persistence_location {self.dir}/\n"
-            "log_dest stderr\n"
-            "log_type error\nlog_type warning\nlog_type notice\n"
+        lines = [
+            f"listener {self.port} {self.host}\n",
+            auth or "allow_anonymous true\n",
+            f"persistence true\npersistence_location {self.dir}/\n",
+            "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n",
             # As root, mosquitto drops to the `mosquitto` user, which cannot write this (0700, root's)
             # directory: its persistence would silently fail. A test broker keeps the user it runs as.
-            + ("user root\n" if os.geteuid() == 0 else "")
-            + extra_conf
-        )
+            "user root\n" if os.geteuid() == 0 else "",
+            extra_conf,
+        ]
+        self.conf.write_text("".join(lines))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Broker:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -16,8 +19,9 @@ from rich.console import Console
 from holdover.board.emulator import EmulatorError
 from holdover.firmware import protocol
 from holdover.journal import Journal
-from holdover.lab.broker import BrokerError
+from holdover.lab.broker import BrokerError, free_port
 from holdover.lab.rig import Rig, Seen
+from holdover.settings import WebSettings
 
 HOOK = 'echo "hook ran: $HOLDOVER_EVENT from $HOLDOVER_SENTINEL, seq $HOLDOVER_SEQ"'
 STYLE = {"demo": "bold cyan", "sentinel": "green", "bridge": "yellow", "hook": "magenta", "broker": "blue"}
@@ -57,7 +61,12 @@ def _attacker(rig: Rig) -> paho.Client:
     return c
 
 
-def run_demo(debounce_ms: int = 300) -> int:
+def _api(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        return json.load(r)
+
+
+def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
     console = Console()
     tl = Timeline(console)
     # The timeline already tells what the bridge did; its log lines would only repeat it.
@@ -70,12 +79,16 @@ def run_demo(debounce_ms: int = 300) -> int:
             hooks=[{"events": ["mains_lost", "mains_restored"], "run": HOOK, "timeout": 10.0}],
             on_line=tl.line,
             on_seen=tl.seen,
+            web=WebSettings(port=free_port()),
         )
         captured: list[bytes] = []
         try:
             tl.say("demo", "starting Mosquitto, the emulated ESP32 (MicroPython, an ESP32's heap) and the bridge")
             rig.start()
             tl.say("broker", f"mosquitto on {rig.broker.host}:{rig.broker.port}")
+            assert rig.web is not None
+            dashboard = f"http://127.0.0.1:{rig.web.port}/"
+            tl.say("bridge", f"dashboard and API on {dashboard} (OpenAPI at {dashboard}docs)")
             rig.wait("boot", timeout=20)
             spy = _attacker(rig)
             spy.on_message = lambda _c, _u, m: captured.append(bytes(m.payload))
@@ -88,6 +101,8 @@ def run_demo(debounce_ms: int = 300) -> int:
             rig.wait("hook:mains_lost", since=t)
             done = rig.wait("hook:mains_lost", since=t).at - t
             tl.say("demo", f"mains_lost hook finished {done:.3f}s after the cut (debounce {debounce_ms} ms)")
+            [tile] = _api(rig.web.port, "/api/sentinels")
+            tl.say("bridge", f"GET /api/sentinels: {tile['sid']} {tile['status']}, mains {tile['mains']}")
 
             time.sleep(1.0)
             tl.say("demo", 'restoring mains      -> control port {"mains": true}')
@@ -114,13 +129,20 @@ def run_demo(debounce_ms: int = 300) -> int:
             genuine = next(p for p in captured if b'"mains_lost"' in p)
             tl.say("demo", "replaying the genuine mains_lost captured off the broker")
             spy.publish(protocol.topic(rig.sid, protocol.EVENT), genuine, qos=1)
-            rig.wait("rejected:replayed")
+            # Known by (boot, seq) from the journal: receipted again, journaled and hooked never twice.
+            rig.wait("rejected:duplicate")
             spy.loop_stop()
             spy.disconnect()
-        except (BrokerError, EmulatorError, TimeoutError) as e:
+            if hold_s > 0:
+                tl.say("demo", f"holding everything up for {hold_s:.0f} s: open {dashboard} (Ctrl-C ends it)")
+                with contextlib.suppress(KeyboardInterrupt):
+                    time.sleep(hold_s)
+        except (BrokerError, EmulatorError, TimeoutError, OSError) as e:
             console.print(f"[bold red]demo failed:[/] {e}")
             rig.close()
             return 1
+        assert rig.bridge is not None
+        duplicates = rig.bridge.bridge.view(rig.sid).duplicates
         rig.close()
         with Journal(Path(tmp) / "journal.db", readonly=True) as journal:
             events = journal.events(limit=1000)
@@ -129,7 +151,14 @@ def run_demo(debounce_ms: int = 300) -> int:
         console.rule("journal")
         console.print(f"accepted events: {', '.join(e.kind for e in reversed(events))}")
         console.print(f"rejected: {json.dumps([r['reason'] for r in rejected])}")
+        console.print(f"copies of journaled events dropped (resends, replays): {duplicates}")
         console.print(f"hook runs: {', '.join(r['outcome'] for r in runs)}")
-        ok = flickered == 0 and len(runs) == 2 and all(r["outcome"] == "ok" for r in runs)
+        ok = (
+            flickered == 0
+            and len(runs) == 2
+            and all(r["outcome"] == "ok" for r in runs)
+            and [r["reason"] for r in rejected] == ["bad_signature"]
+            and duplicates >= 1
+        )
         console.print("[bold green]demo complete[/]" if ok else "[bold red]demo finished with surprises[/]")
         return 0 if ok else 1

@@ -22,6 +22,8 @@ from holdover.board.emulator import DEFAULT_HEAP, Control, Emulator
 from holdover.bridge import Bridge, BridgeThread
 from holdover.bridge.gate import Verdict
 from holdover.lab.broker import Broker, free_port
+from holdover.settings import WebSettings
+from holdover.web.server import run_with
 
 
 @dataclass
@@ -49,6 +51,9 @@ class Rig:
         ticks_start: int = 0,
         on_line: Callable[[str], None] | None = None,
         on_seen: Callable[[Seen], None] | None = None,
+        web: WebSettings | None = None,
+        broker_auth: str = "",
+        bridge_mqtt: dict[str, Any] | None = None,
     ) -> None:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -67,9 +72,11 @@ class Rig:
         self.serial_addr = ("127.0.0.1", free_port()) if serial else None
         self.on_line = on_line or (lambda line: None)
         self.on_seen = on_seen or (lambda s: None)
+        self.web = web  # the API and dashboard served on the bridge's loop, as `holdover bridge` does
         self.seen: list[Seen] = []
         self._cv = threading.Condition()
-        self.broker = Broker(workdir=self.dir / "broker")
+        self.broker = Broker(workdir=self.dir / "broker", auth=broker_auth)  # auth: broker_config's lines
+        self.bridge_mqtt = bridge_mqtt or {}  # merged over the bridge's [mqtt]: its user and password
         self.control_addr = ("127.0.0.1", free_port())
         self.emulator: Emulator | None = None
         self.bridge: BridgeThread | None = None
@@ -93,7 +100,12 @@ class Rig:
 
     def bridge_config(self) -> dict[str, Any]:
         return {
-            "mqtt": {"host": self.broker.host, "port": self.broker.port, "client_id": f"holdover-bridge-{self.sid}"},
+            "mqtt": {
+                "host": self.broker.host,
+                "port": self.broker.port,
+                "client_id": f"holdover-bridge-{self.sid}",
+                **self.bridge_mqtt,
+            },
             "journal": {"path": str(self.dir / "journal.db")},
             "sentinels": [{"id": self.sid, "key": self.key}],
             "serial": [{"url": self.serial_url}] if self.serial_addr else [],
@@ -142,7 +154,8 @@ class Rig:
 
     def start_bridge(self, cfg: settings_mod.Settings) -> None:
         b = Bridge(cfg, on_verdict=self._verdict, on_hook=self._hook)
-        self.bridge = BridgeThread(b).start()
+        web = self.web
+        self.bridge = BridgeThread(b, (lambda: run_with(b, web)) if web else None).start()
 
     def close(self) -> None:
         self.control.close()

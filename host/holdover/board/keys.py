@@ -1,0 +1,44 @@
+"""A sentinel's signing key: made here, kept in a 0600 file, the same bytes in the board's config."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from holdover.firmware import protocol
+
+KEY_BYTES = 32  # HMAC-SHA256's block is 64 bytes; 32 random ones are its full strength
+
+
+class KeyFileError(OSError):
+    """The key file could not be written (exists, or the directory is not ours to write)."""
+
+
+def generate() -> str:
+    key = secrets.token_hex(KEY_BYTES)
+    assert protocol.key_problem(key) is None
+    return key
+
+
+def write(sid: str, directory: Path, force: bool = False) -> tuple[Path, str]:
+    """A new key for `sid` in DIRECTORY/SID.key, created 0600 (never readable by others, not even
+    for a moment: the mode is set at creation). An existing file is kept unless `force`."""
+    if not protocol.valid_sid(sid):
+        raise KeyFileError(f"{sid!r} is not a sentinel id: 1-32 of A-Z a-z 0-9 _ -")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{sid}.key"
+    key = generate()
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise KeyFileError(f"{path} exists; keep it, or --force to replace it (the board then needs it)") from None
+    except OSError as e:
+        raise KeyFileError(f"cannot write {path}: {e.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # a forced rewrite of a file made looser by hand
+        f.write(key + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return path, key

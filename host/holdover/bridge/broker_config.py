@@ -1,0 +1,137 @@
+"""`holdover broker-config`: a Mosquitto that lets each sentinel speak only for itself.
+
+A password per client and an ACL per sentinel: a sentinel may publish only under its own id (its
+status, state, events, command answers and its Home Assistant entities) and read only its own
+commands; the bridge reads and writes everything under holdover/ and the discovery prefix. The
+signatures already stop a forged event at the bridge; the ACL stops a stolen board's credentials
+from even reaching the other sentinels' topics or filling the broker with them.
+
+Passwords are hashed by `mosquitto_passwd` (Mosquitto's own PBKDF2-SHA512 format), not here.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from holdover import proc
+from holdover.firmware import protocol
+
+BRIDGE_USER = "holdover-bridge"
+HA_USER = "homeassistant"
+# What a sentinel publishes under holdover/SID/ (its last will goes to STATUS too).
+SENTINEL_WRITES = (protocol.STATUS, protocol.STATE, protocol.EVENT, protocol.CMD_ACK)
+
+
+class BrokerConfigError(RuntimeError):
+    pass
+
+
+@dataclass
+class Written:
+    dir: Path
+    conf: Path
+    passwd: Path
+    acl: Path
+    passwords: dict[str, str] = field(default_factory=dict)  # user -> password, to print once
+    password_files: dict[str, Path] = field(default_factory=dict)
+
+
+def acl(sids: list[str], ha_prefix: str = protocol.HA_PREFIX, ha: bool = False) -> str:
+    root = protocol.ROOT
+    out = [
+        "# Written by `holdover broker-config`. Mosquitto denies whatever is not granted here.",
+        "",
+        f"user {BRIDGE_USER}",
+        f"topic readwrite {root}/#",
+        f"topic readwrite {ha_prefix}/#",
+    ]
+    if ha:
+        # Home Assistant: reads every state, announces itself, switches relays (the bridge signs those).
+        out += ["", f"user {HA_USER}", f"topic read {root}/#", f"topic readwrite {ha_prefix}/#"]
+        out += [f"topic write {protocol.topic('+', protocol.RELAY_SET)}"]
+    for sid in sids:
+        out += ["", f"user {sid}"]
+        out += [f"topic write {protocol.topic(sid, leaf)}" for leaf in SENTINEL_WRITES]
+        out += [f"topic read {protocol.topic(sid, protocol.CMD)}"]
+        out += [f"topic write {ha_prefix}/+/holdover_{sid}/+/config"]  # its discovery messages only
+    return "\n".join(out) + "\n"
+
+
+def auth(directory: Path) -> str:
+    """The lines that turn authentication and the ACL on (the test broker takes these alone)."""
+    return f"allow_anonymous false\npassword_file {directory / 'passwd'}\nacl_file {directory / 'acl'}\n"
+
+
+def conf(directory: Path, listen: str, port: int, persistence: Path) -> str:
+    return (
+        "# Written by `holdover broker-config`: run with `mosquitto -c` this file.\n"
+        "# A LAN broker: the sentinels reach it while the internet uplink is down.\n"
+        f"listener {port} {listen}\n"
+        + auth(directory)
+        + "# Keep sessions and queued messages across a restart of the broker.\n"
+        "persistence true\n"
+        f"persistence_location {persistence}/\n"
+        "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n"
+    )
+
+
+def _private(path: Path, text: str, owner: str | None) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+    _own(path, owner)
+
+
+def _own(path: Path, owner: str | None) -> None:
+    """Mosquitto reads its password and ACL files as the user it drops to."""
+    if owner is None or os.geteuid() != 0:
+        return
+    try:
+        pw = pwd.getpwnam(owner)
+    except KeyError:
+        return
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def write(
+    directory: Path,
+    sids: list[str],
+    listen: str = "0.0.0.0",
+    port: int = 1883,
+    persistence: Path = Path("/var/lib/mosquitto"),
+    ha: bool = False,
+    owner: str | None = "mosquitto",
+) -> Written:
+    """mosquitto.conf, passwd and acl in `directory`, a fresh password per user (each also kept in
+    USER.password, 0600, for the configs that need it)."""
+    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    if not Path(tool).exists():
+        raise BrokerConfigError("mosquitto_passwd is not installed: apt-get install mosquitto")
+    bad = [s for s in sids if not protocol.valid_sid(s) or s in (BRIDGE_USER, HA_USER)]
+    if not sids or bad:
+        raise BrokerConfigError(f"sentinel ids to write users for: {sids or 'none'} {bad or ''}".strip())
+    directory.mkdir(parents=True, exist_ok=True)
+    w = Written(directory, directory / "mosquitto.conf", directory / "passwd", directory / "acl")
+    users = [BRIDGE_USER, *([HA_USER] if ha else []), *sids]
+    w.passwd.unlink(missing_ok=True)
+    for i, user in enumerate(users):
+        w.passwords[user] = secrets.token_urlsafe(24)
+        # -b takes the password as an argument (seen in this machine's process list for a moment);
+        # without it mosquitto_passwd insists on a terminal.
+        flags = ["-c"] if i == 0 else []
+        r = proc.run_sync([tool, *flags, "-b", str(w.passwd), user, w.passwords[user]], timeout=30)
+        if not r.ok:
+            raise BrokerConfigError(f"mosquitto_passwd for {user}: {r.describe()}: {r.output.strip()}")
+        w.password_files[user] = directory / f"{user}.password"
+        _private(w.password_files[user], w.passwords[user] + "\n", None)
+    os.chmod(w.passwd, 0o600)
+    _own(w.passwd, owner)
+    _private(w.acl, acl(sids, ha=ha), owner)
+    w.conf.write_text(conf(directory, listen, port, persistence))
+    return w

@@ -1,0 +1,124 @@
+"""`holdover broker-config` against the real Mosquitto: every client with its own password, each
+sentinel confined to its own topics, the real firmware and bridge working through it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
+
+from conftest import wait_for
+from holdover.bridge import broker_config as bc
+from holdover.firmware import protocol
+
+HOLDOVER = str(Path(sys.executable).parent / "holdover")
+KEYS = {"demo": "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f", "rack2": "5e0b8d2f7a4c9e1b3f6a8d0c2e5b7f9a"}
+
+
+class Client:
+    """An MQTT 5 client that keeps the reason codes Mosquitto answers with."""
+
+    def __init__(self, port: int, user: str | None, password: str | None) -> None:
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+        if user:
+            self.c.username_pw_set(user, password)
+        self.connack: ReasonCode | None = None
+        self.acks: dict[int, ReasonCode] = {}
+        self.got: list[str] = []
+        self.done = threading.Event()
+        self.c.on_connect = lambda _c, _u, _f, rc, _p: (setattr(self, "connack", rc), self.done.set())
+        self.c.on_publish = lambda _c, _u, mid, rc, _p: self.acks.__setitem__(mid, rc)
+        self.c.on_subscribe = lambda _c, _u, mid, rcs, _p: self.acks.__setitem__(mid, rcs[0])
+        self.c.on_message = lambda _c, _u, m: self.got.append(m.topic)
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+        assert self.done.wait(10)
+
+    def ack(self, mid: int) -> ReasonCode:
+        wait_for(lambda: mid in self.acks, 10, f"the broker's answer to {mid}")
+        return self.acks[mid]
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def _generate(tmp_path: Path) -> tuple[bc.Written, str]:
+    cfg = tmp_path / "h.toml"
+    cfg.write_text("".join(f'[[sentinels]]\nid = "{s}"\nkey = "{k}"\n' for s, k in KEYS.items()))
+    out = tmp_path / "mosquitto"
+    r = subprocess.run(
+        [HOLDOVER, "broker-config", "-c", str(cfg), "--out", str(out), "--lan-address", "192.168.1.10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    passwords = {u: (out / f"{u}.password").read_text().strip() for u in (bc.BRIDGE_USER, *KEYS)}
+    w = bc.Written(out, out / "mosquitto.conf", out / "passwd", out / "acl", passwords)
+    assert all((out / f"{u}.password").stat().st_mode & 0o777 == 0o600 for u in passwords)
+    assert w.passwd.stat().st_mode & 0o777 == 0o600 and w.acl.stat().st_mode & 0o777 == 0o600
+    assert "listener 1883 0.0.0.0" in w.conf.read_text() and "allow_anonymous false" in w.conf.read_text()
+    return w, r.stdout
+
+
+def test_broker_config_prints_configs_that_match_what_it_wrote(tmp_path: Path) -> None:
+    w, out = _generate(tmp_path)
+    assert f'username = "{bc.BRIDGE_USER}"' in out and f"{bc.BRIDGE_USER}.password" in out
+    for sid in KEYS:
+        line = re.search(rf'sentinel {sid}, in its config.json:\n  "mqtt": (.*)', out)
+        assert line, out
+        assert json.loads(line.group(1)) == {
+            "host": "192.168.1.10",
+            "port": 1883,
+            "user": sid,
+            "password": w.passwords[sid],
+        }
+    # Hashed by mosquitto_passwd, never the password itself.
+    passwd = w.passwd.read_text()
+    assert all(p not in passwd for p in w.passwords.values()) and passwd.count("$7$") == 3
+
+
+def test_a_sentinel_speaks_only_for_itself_through_the_generated_broker(tmp_path: Path, rig_factory) -> None:
+    w, _out = _generate(tmp_path)
+    rig = rig_factory(
+        broker_auth=bc.auth(w.dir),
+        firmware={"mqtt": {"user": "demo", "password": w.passwords["demo"]}},
+        bridge_mqtt={"username": bc.BRIDGE_USER, "password_file": str(w.dir / f"{bc.BRIDGE_USER}.password")},
+    )
+    # The real firmware and the bridge both log in and the firmware's own topics pass the ACL.
+    rig.wait("boot", 20)
+    rig.control.send(mains=False)
+    rig.wait("mains_lost", 10)
+    port = rig.broker.port
+
+    spy = Client(port, bc.BRIDGE_USER, w.passwords[bc.BRIDGE_USER])
+    spy.c.subscribe("holdover/#", qos=1)
+    demo = Client(port, "demo", w.passwords["demo"])
+    assert not demo.connack.is_failure
+    forged = protocol.topic("rack2", protocol.EVENT)
+    assert demo.ack(demo.c.publish(forged, b"{}", qos=1).mid).value == 0x87  # Not authorized
+    assert demo.ack(demo.c.publish(protocol.topic("demo", protocol.CMD), b"{}", qos=1).mid).value == 0x87
+    ok = demo.c.publish(protocol.topic("demo", protocol.STATE), b"{}", qos=1)
+    assert demo.ack(ok.mid).value == 0
+    wait_for(lambda: protocol.topic("demo", protocol.STATE) in spy.got, 5, "its own topic to pass")
+    assert forged not in spy.got
+    # Mosquitto grants any subscription and filters at delivery: another's commands never arrive.
+    demo.ack(demo.c.subscribe("holdover/+/cmd", qos=1)[1])
+    for sid in ("rack2", "demo"):
+        spy.ack(spy.c.publish(protocol.topic(sid, protocol.CMD), b"{}", qos=1).mid)
+    wait_for(lambda: protocol.topic("demo", protocol.CMD) in demo.got, 5, "its own command")
+    assert protocol.topic("rack2", protocol.CMD) not in demo.got
+    for user, password in ((None, None), ("demo", "wrong"), ("rack2", w.passwords["demo"])):
+        c = Client(port, user, password)
+        assert c.connack.is_failure, (user, c.connack)
+        c.close()
+    demo.close()
+    spy.close()
