@@ -334,3 +334,26 @@ def test_under_torch_distributed_every_rank_saves_the_same_step(tmp_path: Path) 
     assert [o.strip().splitlines()[-1] for o, _ in outs] == ["[3]", "[3]"]
     for r in (0, 1):
         assert [ckpt.verify(d).step for d in ckpt.candidates(tmp_path / f"rank{r}")] == [3]
+
+
+def test_an_emergency_checkpoint_is_pinned_and_rotation_keeps_it(tmp_path: Path) -> None:
+    model, opt = _model()
+    root = tmp_path / "ckpt"
+    g = Guard(
+        root, "pin", model=model, optimizer=opt, signal=None, registry_dir=tmp_path / "reg", keep=1, interval=2
+    ).start()
+    try:
+        for step in range(1, 10):
+            if step == 3:
+                g.request("mains_lost")  # what the bridge asks for on battery
+            g.step_end(step, loss=1.0)
+    finally:
+        g.close()
+    kept = {ckpt.verify(p).step: (p, ckpt.pinned(p)) for p in ckpt.candidates(root)}
+    newest = max(kept)
+    assert sorted(kept) == [3, newest] and newest > 3, kept  # the periodic ones between rotated away
+    assert kept[3][1] and not kept[newest][1]
+    assert ckpt.verify(kept[3][0]).meta["reason"] == "mains_lost"  # the pin file is outside the manifest
+    (kept[3][0] / ckpt.PIN).unlink()  # unpinned by hand: back in rotation
+    ckpt.prune(root, keep=1)
+    assert ckpt.candidates(root) == [kept[newest][0]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -12,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from holdover.node.launch import LaunchError, launch, recover, sessions
+from holdover.node.launch import LaunchError, forget, launch, recover, sessions
 from holdover.train import ckpt, registry
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+HOLDOVER = str(Path(sys.executable).parent / "holdover")
 
 
 @pytest.fixture
@@ -63,13 +65,15 @@ def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, pr
     subprocess.run(["kill", "-9", str(run.pid)], check=True)  # the outage
     wait_for(lambda: not registry.pid_alive(run.pid), 10, "the run to die")
     got = recover(reg)[0]
-    assert got["state"] == "stopped"
+    assert (got["state"], got["how"]) == ("killed", "signal SIGKILL")
     assert got["checkpoint"]["step"] == lines[-1]["step"]
     assert Path(got["checkpoint"]["dir"]) == ckpt.candidates(ck)[0]
-    assert got["resume"].startswith(f"cd {Path.cwd()} && ")  # launched from here
-    assert "holdover launch --name exp1 --ckpt" in got["resume"] and "holdover.train.toy" in got["resume"]
+    # Launched from here, and by the full path: after `make`, holdover is not on PATH.
+    assert got["resume"].startswith(f"cd {Path.cwd()} && {HOLDOVER} launch --name exp1 --ckpt ")
+    assert "holdover.train.toy" in got["resume"]
     # The dead pane is kept (remain-on-exit) but does not block a relaunch under the same name.
     again = launch("exp1", [sys.executable, "-c", "print('again')"], registry_dir=reg)
+    assert again.ended == 0  # it finished within the launch's settling second
     wait_for(lambda: "again" in again.log.read_text(), 10, "the relaunched run's output")
 
 
@@ -78,3 +82,46 @@ def test_launch_refuses_bad_names_and_empty_commands(private_tmux) -> None:
         launch("a/b", ["true"])
     with pytest.raises(LaunchError, match="no command"):
         launch("ok", [])
+
+
+def test_a_command_that_fails_at_once_is_reported_with_its_status_and_words(tmp_path: Path, private_tmux) -> None:
+    reg = tmp_path / "reg"
+    with pytest.raises(LaunchError, match=r"/nonexistent/python: no such command"):
+        launch("typo", ["/nonexistent/python", "train.py"], registry_dir=reg)
+    with pytest.raises(LaunchError, match=r"exited at once with status 2:\n.*can't open file .*/no_such_train.py"):
+        launch("missing", [sys.executable, "no_such_train.py"], registry_dir=reg)
+    with pytest.raises(LaunchError, match=r"exited at once with status 1:(.|\n)*ModuleNotFoundError"):
+        launch("broken", [sys.executable, "-c", "import no_such_module_here"], registry_dir=reg)
+    assert recover(reg) == [] and sessions() == set()  # nothing left behind to recover
+    env = {**os.environ, "HOLDOVER_REGISTRY": str(reg)}
+    cmd = [HOLDOVER, "launch", "-n", "typo2", "--", "/nonexistent/x"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "/nonexistent/x: no such command" in out.stderr and "tmux" not in out.stderr
+
+
+def test_recover_tells_finished_failed_and_killed_apart_and_resumes_only_the_unfinished(
+    tmp_path: Path, private_tmux
+) -> None:
+    reg = tmp_path / "reg"
+    slow = "import sys, time; time.sleep(float(sys.argv[2])); sys.exit(int(sys.argv[1]))"
+    launch("done", [sys.executable, "-c", slow, "0", "1.5"], registry_dir=reg)
+    launch("crashed", [sys.executable, "-c", slow, "3", "1.5"], registry_dir=reg)
+    shot = launch("shot", ["sleep", "60"], registry_dir=reg)
+    subprocess.run(["kill", "-9", str(shot.pid)], check=True)
+    wait_for(lambda: {r["name"]: r["state"] for r in recover(reg)}.get("crashed") == "failed", 10, "the runs to end")
+    # A power cut: tmux dies with everything in it, so no hook records the end.
+    cut = launch("cut", ["sleep", "60"], registry_dir=reg)
+    subprocess.run(["tmux", "kill-server"], check=True)
+    wait_for(lambda: not registry.pid_alive(cut.pid), 10, "the pane to die with its server")
+    runs = {r["name"]: r for r in recover(reg)}
+    assert (runs["done"]["state"], runs["done"]["how"]) == ("finished", "exit 0") and "resume" not in runs["done"]
+    assert (runs["crashed"]["state"], runs["crashed"]["how"]) == ("failed", "exit 3")
+    assert (runs["shot"]["state"], runs["shot"]["how"]) == ("killed", "signal SIGKILL")
+    assert runs["cut"]["state"] == "killed" and "no exit recorded" in runs["cut"]["how"]
+    # The printed command works as pasted, by a shell that has no holdover on its PATH.
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HOLDOVER_REGISTRY": str(reg)}
+    r = subprocess.run(["bash", "-c", runs["crashed"]["resume"]], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "launched crashed" in r.stdout, r.stderr  # alive past the settling second
+    with pytest.raises(LaunchError, match="running"):
+        forget("crashed", reg)
+    assert forget("done", reg) and "done" not in {r["name"] for r in recover(reg, everything=True)}

@@ -140,6 +140,63 @@ def broker_config(
         typer.echo(f"\nHome Assistant's MQTT: user {bc.HA_USER}, password in {w.password_files[bc.HA_USER]}")
 
 
+@app.command()
+def doctor(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    root: Path = typer.Option(Path("/"), hidden=True, help="Read /etc and /proc under this (tests)."),
+) -> None:
+    """Audit this training node before an outage: each cause of a lost run, pass / warn / fail and the fix.
+    Exit status: 0 all pass, 1 a warning, 2 a failure."""
+    from holdover.node.doctor import Doctor, worst
+
+    checks = Doctor(_config(config), root=root).run()
+    if as_json:
+        typer.echo(json.dumps([c.as_dict() for c in checks], indent=1))
+        raise typer.Exit(worst(checks))
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+    t = Table("check", "", "what was found", "the fix")
+    for c in checks:
+        fix = c.fix if c.status != "pass" else ""
+        t.add_row(escape(c.name), f"[{style[c.status]}]{c.status}[/]", escape(c.detail), escape(fix))
+    Console().print(t)
+    raise typer.Exit(worst(checks))
+
+
+@app.command("install-service")
+def install_service(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config the service runs with."),
+    unit_dir: Path = typer.Option(Path("/etc/systemd/system"), help="Where the unit file goes."),
+    enable: bool = typer.Option(False, help="Also run systemctl daemon-reload and enable --now."),
+) -> None:
+    """Write a systemd unit for the bridge (Type=notify, watchdog, hardened) and check it with systemd-analyze."""
+    from holdover import proc
+    from holdover.node import systemd
+
+    cfg = _config(config)
+    path, _text = systemd.install(cfg, config, unit_dir)
+    typer.echo(f"wrote {path}: holdover bridge --config {config.resolve()}, as root with only")
+    typer.echo(f"  {', '.join(systemd.CAPABILITIES)}; the system read-only but for")
+    typer.echo(f"  {', '.join(str(p) for p in systemd.writable_paths(cfg))}; watchdog {systemd.WATCHDOG_SEC} s")
+    ok, said = systemd.verify(path)
+    typer.echo("systemd-analyze verify: ok" if ok else f"systemd-analyze verify: {said}", err=not ok)
+    if not ok:
+        raise typer.Exit(1)
+    steps = [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", systemd.UNIT_NAME]]
+    if not enable:
+        typer.echo("start it with: " + " && ".join(" ".join(s) for s in steps))
+        return
+    for step in steps:
+        r = proc.run_sync(step, timeout=120)
+        typer.echo(f"{' '.join(step)}: {r.describe()} {r.output.strip()}".rstrip())
+        if not r.ok:
+            raise typer.Exit(1)
+
+
 @app.command("check-config")
 def check_config(
     path: Path = typer.Argument(..., help="A board's config.json."),
@@ -459,19 +516,29 @@ def launch(
     except LaunchError as e:
         typer.echo(f"holdover: {e}", err=True)
         raise typer.Exit(2) from None
+    if run.ended == 0:
+        typer.echo(f"{run.name} finished at once (exit 0); its output is in {run.log}")
+        return
     typer.echo(f"launched {run.name}: tmux session {run.session}, pid {run.pid}, log {run.log}")
     typer.echo(f"attach with: tmux attach -t {run.session}")
 
 
 @app.command()
-def recover() -> None:
-    """After an outage: every known run, alive or not, its newest verified checkpoint, and how to resume it."""
+def recover(
+    everything: bool = typer.Option(False, "--all", help="Also runs that finished more than a week ago."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """After an outage: every known run (running, finished, failed or killed), its newest verified
+    checkpoint, and the command that resumes each unfinished one."""
     from rich.console import Console
     from rich.table import Table
 
     from holdover.node.launch import recover as do_recover
 
-    runs = do_recover()
+    runs = do_recover(everything=everything)
+    if as_json:
+        typer.echo(json.dumps(runs, indent=1))
+        return
     console = Console()
     if not runs:
         console.print("no runs known to holdover (none launched, none registered)")
@@ -480,11 +547,26 @@ def recover() -> None:
     for r in runs:
         c = r["checkpoint"]
         ck = f"step {c['step']} ({c['bytes'] / 1e6:.1f} MB, {c['age_s'] / 60:.0f} min old)\n{c['dir']}" if c else "none"
-        table.add_row(r["name"], r["state"], str(r.get("pid") or ""), r.get("session") or "", ck)
+        state = f"{r['state']} ({r['how']})" if r["how"] else r["state"]
+        table.add_row(r["name"], state, str(r.get("pid") or ""), r.get("session") or "", ck)
     console.print(table)
     for r in runs:
         if r.get("resume"):
-            console.print(f"[bold]resume {r['name']}:[/bold] {r['resume']}", soft_wrap=True)
+            console.print(f"[bold]resume {r['name']}:[/bold] {r['resume']}", soft_wrap=True, highlight=False)
+
+
+@app.command()
+def forget(name: str = typer.Argument(..., help="A run that is not running.")) -> None:
+    """Drop a run from `holdover recover` (its launch record, exit status and registration)."""
+    from holdover.node.launch import LaunchError
+    from holdover.node.launch import forget as do_forget
+
+    try:
+        removed = do_forget(name)
+    except LaunchError as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"forgot {name}: removed {', '.join(str(p) for p in removed) or 'nothing more'}")
 
 
 @app.command()

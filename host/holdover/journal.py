@@ -151,6 +151,16 @@ class Journal:
         # commits, which the sentinel would re-send anyway (its queue waits for PUBACK).
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        self._migrate()
+
+    def _has_seen_ts(self) -> bool:
+        return any(r[1] == "seen_ts" for r in self.db.execute("PRAGMA table_info(sentinels)"))
+
+    def _migrate(self) -> None:
+        """Columns added since a journal was made: a bridge upgrade keeps the history it had."""
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(sentinels)")}
+        if "seen_ts" not in have:
+            self.db.execute("ALTER TABLE sentinels ADD COLUMN seen_ts REAL")
 
     def __enter__(self) -> Journal:
         return self
@@ -260,20 +270,22 @@ class Journal:
 
     def set_state(self, body: dict[str, Any]) -> None:
         self.db.execute(
-            "INSERT INTO sentinels (sid, boot, seq, state_ts, state) VALUES (?,?,?,?,?) "
+            "INSERT INTO sentinels (sid, boot, seq, state_ts, state, seen_ts) VALUES (?,?,?,?,?,?) "
             "ON CONFLICT(sid) DO UPDATE SET boot=excluded.boot, seq=excluded.seq, "
-            "state_ts=excluded.state_ts, state=excluded.state",
-            (body["sid"], body["boot"], body["seq"], body["ts"], json.dumps(body["data"])),
+            "state_ts=excluded.state_ts, state=excluded.state, seen_ts=excluded.seen_ts",
+            (body["sid"], body["boot"], body["seq"], body["ts"], json.dumps(body["data"]), time.time()),
         )
         self._sample(body["sid"], body["data"])
 
     def sentinel(self, sid: str) -> dict[str, Any] | None:
+        # A journal from before seen_ts, opened read-only (so not migrated), reads it as NULL.
+        seen = "seen_ts" if self._has_seen_ts() else "NULL"
         row = self.db.execute(
-            "SELECT status, status_ts, boot, seq, state_ts, state FROM sentinels WHERE sid=?", (sid,)
+            f"SELECT status, status_ts, boot, seq, state_ts, state, {seen} FROM sentinels WHERE sid=?", (sid,)
         ).fetchone()
         if row is None:
             return None
-        status, status_ts, boot, seq, state_ts, state = row
+        status, status_ts, boot, seq, state_ts, state, seen_ts = row
         return {
             "sid": sid,
             "status": status,
@@ -282,6 +294,7 @@ class Journal:
             "seq": seq,
             "state_ts": state_ts,
             "state": json.loads(state) if state else None,
+            "seen_ts": seen_ts,  # when the bridge last received its state (the board's own ts may be null)
         }
 
     def events(

@@ -25,6 +25,7 @@ from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.failover import Failover
 from holdover.node.rescue import Rescuer
+from holdover.node.systemd import Notifier
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")
@@ -213,6 +214,9 @@ class Bridge:
         for r in self.reactions:
             r.start()
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
+        notifier = Notifier()  # systemd's Type=notify; nothing outside systemd
+        notifier.send(ready=1, status=self.summary())
+        watchdog = asyncio.create_task(notifier.watchdog(self.health, self.summary))
         stopper = asyncio.create_task(self._stop.wait())
         try:
             while not self._stop.is_set():
@@ -223,6 +227,8 @@ class Bridge:
                 else:
                     getter.cancel()
         finally:
+            notifier.send(stopping=1, status="stopping")
+            watchdog.cancel()
             stopper.cancel()
             self.link.stop()
             for s in self.serial:
@@ -231,7 +237,23 @@ class Bridge:
             for r in reversed(self.reactions):
                 await r.close()
             self.journal.close()
+            notifier.close()
             log.info("bridge stopped")
+
+    QUEUE_WEDGED = 1000  # inbound messages waiting: the loop is not keeping up
+
+    def health(self) -> str | None:
+        """What is wrong enough that systemd should restart the bridge, or None. A broker or a
+        sentinel being away is not: a restart would not bring them back. Called on the loop, so a
+        wedged loop answers nothing at all."""
+        if self.queue.qsize() >= self.QUEUE_WEDGED:
+            return f"{self.queue.qsize()} inbound messages waiting"
+        return None
+
+    def summary(self) -> str:
+        online = sum(1 for v in self.sentinels.values() if v.status == protocol.ONLINE)
+        broker = "broker connected" if self.link and self.link.connected.is_set() else "broker not connected"
+        return f"{online}/{len(self.settings.sentinels)} sentinel(s) online, {broker}"
 
 
 class BridgeThread:

@@ -508,13 +508,32 @@ def parse_header(buf: mmap.mmap | bytes, path: Path) -> tuple[dict[str, Any], in
     return header, 8 + n
 
 
+PIN = "PINNED"  # in a checkpoint directory: rotation never removes it (emergency saves)
+
+
+def pin(directory: Path | str, reason: str) -> None:
+    """Keep this checkpoint out of rotation: it is what an outage was survived with. Outside the
+    manifest, so pinning and unpinning (deleting the file) never change what verifies."""
+    directory = Path(directory)
+    with open(directory / PIN, "w") as f:
+        json.dump({"reason": reason, "at": time.time()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(directory)
+
+
+def pinned(directory: Path | str) -> bool:
+    return (Path(directory) / PIN).exists()
+
+
 def prune(root: Path | str, keep: int, protect: Iterable[Path] = ()) -> list[Path]:
-    """Remove all but the newest `keep` committed checkpoints (and stale temporaries of dead writers)."""
+    """Remove all but the newest `keep` committed checkpoints that are not pinned (and stale
+    temporaries of dead writers). Pinned ones are kept and not counted."""
     root = Path(root)
     removed = []
-    committed = candidates(root)
-    keepers = set(committed[: max(1, keep)]) | {Path(p) for p in protect}
-    for p in committed:
+    rotating = [p for p in candidates(root) if not pinned(p)]
+    keepers = set(rotating[: max(1, keep)]) | {Path(p) for p in protect}
+    for p in rotating:
         if p not in keepers:
             # Rename first so a crash mid-delete never leaves a half-deleted dir that looks committed.
             trash = root / f"{TMP_PREFIX}trash-{p.name}"

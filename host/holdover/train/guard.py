@@ -298,8 +298,10 @@ class Guard:
         def progress(done: int, total: int) -> None:
             self._update(rids, bytes_done=done, bytes_total=total)
 
+        # Asked for (by the bridge, a signal or request()): pinned, so periodic rotation keeps it.
+        pin = kind == "emergency"
         try:
-            directory, manifest = self.save(step, extra, reason=",".join(reasons), progress=progress)
+            directory, manifest = self.save(step, extra, reason=",".join(reasons), progress=progress, pin=pin)
         except Exception as e:  # a failed save must not kill the run: the bridge still has gcore
             self._update(rids, state="failed", error=str(e))
             self.warnings.append(str(e))
@@ -325,8 +327,9 @@ class Guard:
         extra: dict[str, Any] | None = None,
         reason: str = "manual",
         progress: ckpt.Progress | None = None,
+        pin: bool = False,
     ) -> tuple[Path, ckpt.Manifest]:
-        """Write a checkpoint now (the loop must be between steps)."""
+        """Write a checkpoint now (the loop must be between steps); `pin` keeps it out of rotation."""
         from holdover.train import state  # torch only when a save actually happens
 
         meta = {
@@ -353,6 +356,8 @@ class Guard:
             progress=progress,
         )
         seconds = time.monotonic() - t0
+        if pin:
+            ckpt.pin(directory, reason)
         with contextlib.suppress(OSError):
             ckpt.prune(self.root, self.keep, protect=[directory])
         self.reg.last_save = registry.LastSave(

@@ -1,0 +1,347 @@
+"""`holdover doctor`: audit a training node before the outage, not after.
+
+Each check is one of the field report's causes of a lost run, answered pass / warn / fail with the
+fix. It only reads: no sysctl, route or file of the machine is changed. `root` points the file
+reads (/etc/ssh, /proc/sys, /proc/net/bonding) at a fixture tree for tests, the way prometheus'
+process collector takes `proc=`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from holdover.journal import Journal
+from holdover.node import targets as targets_mod
+from holdover.settings import Settings
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+RANK = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}
+# A sentinel states every 30 s by default; three missed in a row is not a slow network.
+STALE_AFTER_S = 90.0
+KEEPALIVE_MAX_S = 600  # NAT and stateful firewalls commonly forget an idle connection after 5-15 min
+SESSION_KEEPERS = ("tmux", "screen")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def worst(checks: list[Check]) -> int:
+    """The exit status: 0 all pass, 1 a warning, 2 a failure."""
+    return max((RANK[c.status] for c in checks), default=0)
+
+
+class Doctor:
+    def __init__(self, cfg: Settings, root: Path = Path("/"), broker_timeout: float = 3.0) -> None:
+        self.cfg = cfg
+        self.root = root
+        self.broker_timeout = broker_timeout
+        self._targets: list[targets_mod.Target] | None = None
+
+    def run(self) -> list[Check]:
+        return [
+            self.sessions(),
+            self.ssh_keepalive(),
+            self.tcp_keepalive(),
+            self.backup_uplink(),
+            self.bonding(),
+            *self.disk_space(),
+            *self.checkpoint_fits(),
+            self.gdb(),
+            self.broker(),
+            *self.heartbeats(),
+        ]
+
+    def _path(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
+
+    def targets(self) -> list[targets_mod.Target]:
+        if self._targets is None:
+            self._targets, _problems = targets_mod.discover(self.cfg.protect)
+        return self._targets
+
+    # --- the runs -----------------------------------------------------------------------------
+
+    def sessions(self) -> Check:
+        name = "runs survive a dropped SSH session"
+        runs = self.targets()
+        if not runs:
+            return Check(
+                name,
+                WARN,
+                "no protected training run found",
+                "start runs with `holdover launch` or register them with holdover.train.protect()",
+            )
+        bare = [t.name for t in runs if not _in_session_keeper(t.pid)]
+        if bare:
+            return Check(
+                name,
+                FAIL,
+                f"not inside tmux or screen: {', '.join(bare)} (they die with the terminal that started them)",
+                "relaunch with `holdover launch --name NAME -- CMD` (tmux, logged, protected)",
+            )
+        return Check(name, PASS, f"{len(runs)} run(s), each inside tmux or screen")
+
+    def disk_space(self) -> list[Check]:
+        out = []
+        for t in self.targets():
+            save = t.reg.last_save if t.reg else None
+            name = f"room for the next checkpoint of {t.name}"
+            if not t.ckpt_dir or save is None:
+                out.append(Check(name, WARN, "no checkpoint yet: its size is unknown", "let it save once"))
+                continue
+            try:
+                free = shutil.disk_usage(t.ckpt_dir).free
+            except OSError as e:
+                out.append(Check(name, FAIL, f"{t.ckpt_dir}: {e.strerror}", "create the checkpoint directory"))
+                continue
+            need = save.nbytes
+            detail = f"{_gb(free)} free in {t.ckpt_dir}, the last checkpoint {_gb(need)}"
+            fix = "free space or move the checkpoints; an emergency checkpoint needs it at once"
+            if free < need:
+                out.append(Check(name, FAIL, detail, fix))
+            elif free < 2 * need:
+                out.append(Check(name, WARN, detail + " (room for one more, not two)", fix))
+            else:
+                out.append(Check(name, PASS, detail))
+        return out
+
+    def checkpoint_fits(self) -> list[Check]:
+        """The last checkpoint's duration against the battery's runtime, less the grace time the
+        bridge waits and the margin it keeps."""
+        runtime, source = self._runtime()
+        p = self.cfg.protect
+        budget = runtime - p.margin - p.grace
+        out = []
+        for t in self.targets():
+            save = t.reg.last_save if t.reg else None
+            if save is None:
+                continue
+            name = f"an emergency checkpoint of {t.name} fits the battery"
+            detail = f"the last took {save.seconds:.0f} s; {budget:.0f} s left to save in ({source})"
+            if save.seconds > budget:
+                fix = "a bigger UPS, a faster checkpoint disk, or a shorter grace time in [protect]"
+                out.append(Check(name, FAIL, detail, fix))
+            elif save.seconds > budget / 2:
+                out.append(Check(name, WARN, detail + ": little slack", "a slower disk day would not fit"))
+            else:
+                out.append(Check(name, PASS, detail))
+        return out
+
+    def _runtime(self) -> tuple[float, str]:
+        best: tuple[float, str] | None = None
+        with _journal(self.cfg) as j:
+            for s in self.cfg.sentinels:
+                row = j.sentinel(s.id) if j else None
+                state = (row or {}).get("state") or {}
+                r = state.get("runtime_s")
+                if isinstance(r, int | float) and (best is None or r < best[0]):
+                    best = (float(r), f"{s.id}'s battery runtime {r:.0f} s")
+        default = self.cfg.protect.runtime_default
+        return best or (default, f"[protect] runtime_default {default:.0f} s")
+
+    def gdb(self) -> Check:
+        name = "gcore can dump a run that cannot save"
+        if not self.cfg.protect.gcore:
+            return Check(name, SKIP, "[protect] gcore = false")
+        if shutil.which("gdb") is None:
+            return Check(name, FAIL, "gdb is not installed (gcore comes with it)", "apt-get install gdb")
+        scope = _read(self._path("/proc/sys/kernel/yama/ptrace_scope"))
+        if scope == "3":
+            return Check(name, FAIL, "kernel.yama.ptrace_scope = 3: no process may be traced", "boot with 0-2")
+        if scope == "2" and os.geteuid() != 0:
+            return Check(name, FAIL, "ptrace_scope 2 and not root", "run the bridge as root (its service is)")
+        return Check(name, PASS, f"gdb found; ptrace_scope {scope or 'absent (no Yama)'}")
+
+    # --- the network ----------------------------------------------------------------------------
+
+    def ssh_keepalive(self) -> Check:
+        name = "SSH sessions survive idle firewalls"
+        files = [self._path("/etc/ssh/sshd_config"), *sorted(self._path("/etc/ssh/sshd_config.d").glob("*.conf"))]
+        if not files[0].exists():
+            return Check(name, SKIP, "no sshd_config here")
+        value = None
+        for f in files:
+            for line in (_read(f) or "").splitlines():
+                words = line.split("#", 1)[0].split()
+                if len(words) >= 2 and words[0].lower() == "clientaliveinterval" and value is None:
+                    value = words[1]  # sshd takes the first value it reads
+        fix = "ClientAliveInterval 60 and ClientAliveCountMax 10 in /etc/ssh/sshd_config.d/keepalive.conf"
+        if value is None or value in ("0", "0s"):
+            return Check(name, WARN, "sshd sends no keepalives: an idle session is cut by NAT or a firewall", fix)
+        return Check(name, PASS, f"ClientAliveInterval {value}")
+
+    def tcp_keepalive(self) -> Check:
+        name = "idle TCP connections are kept alive"
+        raw = _read(self._path("/proc/sys/net/ipv4/tcp_keepalive_time"))
+        if raw is None or not raw.isdigit():
+            return Check(name, SKIP, "net.ipv4.tcp_keepalive_time unreadable")
+        fix = f"net.ipv4.tcp_keepalive_time = 300 in /etc/sysctl.d/90-keepalive.conf (at most {KEEPALIVE_MAX_S})"
+        if int(raw) > KEEPALIVE_MAX_S:
+            return Check(name, WARN, f"net.ipv4.tcp_keepalive_time = {raw} s: idle sockets die at middleboxes", fix)
+        return Check(name, PASS, f"net.ipv4.tcp_keepalive_time = {raw} s")
+
+    def backup_uplink(self) -> Check:
+        name = "a healthy backup uplink"
+        fo = self.cfg.failover
+        if not fo.uplinks:
+            return Check(
+                name,
+                WARN,
+                "no [failover] uplinks: a dead uplink stops every run that needs the network",
+                "a USB NIC or a 4G dongle as a second uplink; see docs/failover.md",
+            )
+        from pyroute2 import IPRoute, NetNS
+
+        from holdover.node.failover import check
+
+        try:
+            with NetNS(fo.netns) if fo.netns else IPRoute() as ipr:
+                st = _off_loop(lambda: check(fo, ipr))
+        except Exception as e:  # netlink or a probe's setup: reported, not raised
+            return Check(name, FAIL, f"cannot probe the uplinks: {e}", "holdover failover status says more")
+        failing = [u["name"] for u in st["uplinks"][1:] if not u["up"]]
+        primary = st["uplinks"][0]
+        if failing:
+            return Check(name, FAIL, f"backup uplink(s) failing their probes: {', '.join(failing)}", "check the link")
+        note = "" if primary["up"] else f"; the primary {primary['name']} is failing now"
+        return Check(name, PASS if primary["up"] else WARN, f"{len(st['uplinks']) - 1} backup(s) answering{note}")
+
+    def bonding(self) -> Check:
+        name = "bonded links have all their slaves"
+        bonds = sorted(self._path("/proc/net/bonding").glob("*"))
+        if not bonds:
+            return Check(name, SKIP, "no bonding on this node")
+        down = []
+        for bond in bonds:
+            slave = None
+            for line in (_read(bond) or "").splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "Slave Interface":
+                    slave = value.strip()
+                elif key.strip() == "MII Status" and slave is not None and value.strip() != "up":
+                    down.append(f"{bond.name}: {slave} {value.strip()}")
+        if down:
+            return Check(name, FAIL, f"redundancy gone: {'; '.join(down)}", "reseat or replace the link")
+        return Check(name, PASS, f"{', '.join(b.name for b in bonds)}: every slave up")
+
+    def broker(self) -> Check:
+        name = "the broker answers"
+        m = self.cfg.mqtt
+        where = f"{m.host}:{m.port}"
+        problem = _mqtt_connect(m.host, m.port, m.username, m.password, self.broker_timeout)
+        if problem:
+            return Check(name, FAIL, f"{where}: {problem}", "is Mosquitto running there? holdover broker-config")
+        return Check(name, PASS, f"{where} accepted the bridge's login")
+
+    def heartbeats(self) -> list[Check]:
+        out = []
+        now = time.time()
+        with _journal(self.cfg) as j:
+            for s in self.cfg.sentinels:
+                name = f"sentinel {s.id} is heard"
+                row = j.sentinel(s.id) if j else None
+                if not row:
+                    out.append(Check(name, FAIL, "never heard by this bridge", "power it and check its config"))
+                    continue
+                seen = row.get("seen_ts") or row.get("status_ts")
+                if row.get("status") == "offline":
+                    out.append(Check(name, FAIL, f"offline (its last will) {_ago(now, seen)}", "is it powered?"))
+                elif seen is None or now - seen > STALE_AFTER_S:
+                    out.append(Check(name, FAIL, f"last heard {_ago(now, seen)}", "is the bridge running?"))
+                else:
+                    out.append(Check(name, PASS, f"online, last heard {_ago(now, seen)}"))
+        return out
+
+
+def _in_session_keeper(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        for parent in psutil.Process(pid).parents():
+            if parent.name().split(":")[0].lower() in SESSION_KEEPERS:
+                return True
+    return False
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _ago(now: float, ts: float | None) -> str:
+    return "never" if ts is None else f"{now - ts:.0f} s ago"
+
+
+@contextlib.contextmanager
+def _journal(cfg: Settings):  # type: ignore[no-untyped-def]
+    if not cfg.journal.path.exists():
+        yield None
+        return
+    with Journal(cfg.journal.path, readonly=True) as j:
+        yield j
+
+
+def _off_loop(fn: Any) -> Any:
+    """pyroute2's sync API refuses to run inside a running event loop; a thread has none."""
+    box: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as e:  # handed back to the caller
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return box[0]
+
+
+def _mqtt_connect(host: str, port: int, user: str, password: str, timeout: float) -> str | None:
+    """None if the broker accepts this login, else what went wrong, in words."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="", protocol=paho.MQTTv5)
+    if user:
+        c.username_pw_set(user, password or None)
+    answer: list[Any] = []
+    done = threading.Event()
+    c.on_connect = lambda _c, _u, _f, rc, _p: (answer.append(rc), done.set())
+    try:
+        c.connect(host, port, keepalive=10)
+    except OSError as e:
+        return f"cannot connect: {e.strerror or e}"
+    c.loop_start()
+    try:
+        if not done.wait(timeout):
+            return f"no CONNACK within {timeout:.0f} s"
+        rc = answer[0]
+        return f"refused: {rc}" if rc.is_failure else None
+    finally:
+        c.disconnect()
+        c.loop_stop()

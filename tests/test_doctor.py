@@ -1,0 +1,149 @@
+"""`holdover doctor` on a prepared good node and a prepared bad one: fixture files for /etc and
+/proc, real processes in and out of a private tmux server, a test journal, a real broker, and the
+two-uplink lab in namespaces of the test's own."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from holdover.journal import Journal
+from holdover.lab.broker import Broker, free_port
+from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
+from holdover.train import registry
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+HOLDOVER = str(Path(sys.executable).parent / "holdover")
+KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
+PORT = 8443
+
+BOND_UP = """Ethernet Channel Bonding Driver: v5.10
+Bonding Mode: fault-tolerance (active-backup)
+Primary Slave: None
+Currently Active Slave: eth0
+MII Status: up
+
+Slave Interface: eth0
+MII Status: up
+Speed: 1000 Mbps
+
+Slave Interface: eth1
+MII Status: up
+Speed: 1000 Mbps
+"""
+
+
+def _tree(root: Path, good: bool) -> None:
+    files = {
+        "etc/ssh/sshd_config": "Port 22\nClientAliveInterval 60\n" if good else "Port 22\n# ClientAliveInterval 0\n",
+        "proc/sys/net/ipv4/tcp_keepalive_time": "300\n" if good else "7200\n",
+        "proc/sys/kernel/yama/ptrace_scope": "1\n" if good else "3\n",
+        "proc/net/bonding/bond0": BOND_UP
+        if good
+        else BOND_UP.replace("eth1\nMII Status: up", "eth1\nMII Status: down"),
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def _run(tmp_path: Path, in_tmux: bool, nbytes: int, seconds: float) -> subprocess.Popen | None:
+    """A registered 'training run': a sleep inside a private tmux server, or a bare child of ours."""
+    cmd = "exec sleep 120"
+    if in_tmux:
+        sock = str(tmp_path / "tmux.sock")
+        subprocess.run(["tmux", "-S", sock, "new-session", "-d", "-s", "train", cmd], check=True)
+        out = subprocess.run(["tmux", "-S", sock, "list-panes", "-F", "#{pane_pid}"], capture_output=True, text=True)
+        pid, child = int(out.stdout.split()[0]), None
+    else:
+        child = subprocess.Popen(["sh", "-c", cmd])
+        pid = child.pid
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save = registry.LastSave(step=100, directory=str(ckpt / "step_100"), nbytes=nbytes, seconds=seconds, at=time.time())
+    reg = registry.Registration("exp1", pid, "", str(ckpt), 12, ["sleep"], str(tmp_path), time.time(), last_save=save)
+    registry.write_registration(tmp_path / "registry", reg)
+    return child
+
+
+def _journal(path: Path, good: bool) -> None:
+    with Journal(path) as j:
+        j.set_status("rack1", "online" if good else "offline")
+        body = {"sid": "rack1", "boot": "b1", "seq": 5, "ts": int(time.time()), "data": {"runtime_s": 600}}
+        j.set_state(body)
+
+
+def _doctor(tmp_path: Path, lab: NetLab, broker_port: int) -> tuple[int, dict[str, dict]]:
+    cfg = {
+        "mqtt": {"port": broker_port},
+        "journal": {"path": str(tmp_path / "journal.db")},
+        "sentinels": [{"id": "rack1", "key": KEY}],
+        "protect": {"registry": str(tmp_path / "registry"), "grace": 10.0, "margin": 60.0},
+        "failover": {
+            "netns": lab.node_name,
+            "targets": [f"{TARGET}:{PORT}"],
+            "uplinks": [{"name": u["name"], "dev": u["dev"], "gateway": u["gateway"]} for u in (PRIMARY, BACKUP)],
+        },
+    }
+    (tmp_path / "h.toml").write_text(tomli_w.dumps(cfg))
+    r = subprocess.run(
+        [HOLDOVER, "doctor", "-c", str(tmp_path / "h.toml"), "--root", str(tmp_path / "root"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return r.returncode, {c["name"]: c for c in json.loads(r.stdout)}
+
+
+def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
+    _tree(tmp_path / "root", good=True)
+    _journal(tmp_path / "journal.db", good=True)
+    with NetLab() as lab, Broker(workdir=tmp_path / "broker") as broker:
+        lab.serve(PORT)
+        _run(tmp_path, in_tmux=True, nbytes=1_000_000, seconds=20)
+        try:
+            rc, checks = _doctor(tmp_path, lab, broker.port)
+        finally:
+            subprocess.run(["tmux", "-S", str(tmp_path / "tmux.sock"), "kill-server"], capture_output=True)
+    assert {c["status"] for c in checks.values()} <= {"pass", "skip"}, json.dumps(checks, indent=1)
+    assert rc == 0
+    assert len(checks) == 10 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    fits = checks["an emergency checkpoint of exp1 fits the battery"]["detail"]
+    assert fits == "the last took 20 s; 530 s left to save in (rack1's battery runtime 600 s)"
+
+
+def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: Path) -> None:
+    _tree(tmp_path / "root", good=False)
+    _journal(tmp_path / "journal.db", good=False)
+    with NetLab() as lab:
+        lab.serve(PORT)
+        lab.silence(BACKUP)
+        child = _run(tmp_path, in_tmux=False, nbytes=10**18, seconds=900)
+        try:
+            rc, checks = _doctor(tmp_path, lab, free_port())  # nothing listens there
+        finally:
+            assert child is not None
+            child.kill()
+    want = {
+        "runs survive a dropped SSH session": ("fail", "not inside tmux or screen: exp1"),
+        "SSH sessions survive idle firewalls": ("warn", "sshd sends no keepalives"),
+        "idle TCP connections are kept alive": ("warn", "tcp_keepalive_time = 7200 s"),
+        "a healthy backup uplink": ("fail", "backup uplink(s) failing their probes: usb"),
+        "bonded links have all their slaves": ("fail", "redundancy gone: bond0: eth1 down"),
+        "room for the next checkpoint of exp1": ("fail", "the last checkpoint 1000000000.0 GB"),
+        "an emergency checkpoint of exp1 fits the battery": ("fail", "the last took 900 s; 530 s left"),
+        "gcore can dump a run that cannot save": ("fail", "ptrace_scope = 3"),
+        "the broker answers": ("fail", "cannot connect"),
+        "sentinel rack1 is heard": ("fail", "offline (its last will)"),
+    }
+    for name, (status, words) in want.items():
+        assert checks[name]["status"] == status and words in checks[name]["detail"], checks[name]
+        assert status == "pass" or checks[name]["fix"], checks[name]
+    assert rc == 2
