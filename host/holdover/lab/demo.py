@@ -6,6 +6,8 @@ import contextlib
 import json
 import logging
 import secrets
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -21,10 +23,19 @@ from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.lab.broker import BrokerError, free_port
 from holdover.lab.rig import Rig, Seen
+from holdover.lab.targets import TcpTarget
 from holdover.settings import WebSettings
+from holdover.train import ckpt, registry
 
 HOOK = 'echo "hook ran: $HOLDOVER_EVENT from $HOLDOVER_SENTINEL, seq $HOLDOVER_SEQ"'
-STYLE = {"demo": "bold cyan", "sentinel": "green", "bridge": "yellow", "hook": "magenta", "broker": "blue"}
+STYLE = {
+    "demo": "bold cyan",
+    "sentinel": "green",
+    "bridge": "yellow",
+    "hook": "magenta",
+    "broker": "blue",
+    "alert": "bold red",
+}
 
 
 class Timeline:
@@ -66,23 +77,56 @@ def _api(port: int, path: str) -> Any:
         return json.load(r)
 
 
+def _trainee(tmp: Path) -> subprocess.Popen[str]:
+    """The stand-in training run, registered in the demo's own registry."""
+    cmd = [sys.executable, "-m", "holdover.lab.trainee", "--ckpt", str(tmp / "ckpt"), "--registry", str(tmp / "reg")]
+    run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 20
+    while not registry.read_registrations(tmp / "reg")[0]:
+        if run.poll() is not None or time.monotonic() > deadline:
+            raise TimeoutError("the demo's training run did not register")
+        time.sleep(0.05)
+    return run
+
+
+def _verified(journal: Path, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with Journal(journal, readonly=True) as j:
+            done = [s for s in j.steps() if s["action"] == "verified"]
+        if done:
+            return done[0]
+        time.sleep(0.1)
+    raise TimeoutError("no verified emergency checkpoint")
+
+
 def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
     console = Console()
     tl = Timeline(console)
     # The timeline already tells what the bridge did; its log lines would only repeat it.
     logging.getLogger("holdover").setLevel(logging.CRITICAL)
-    console.rule("holdover demo: a power cut on an emulated sentinel")
+    console.rule("holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel")
     with tempfile.TemporaryDirectory(prefix="holdover-demo-") as tmp:
+        targets = [TcpTarget(), TcpTarget()]  # the "internet", on loopback
         rig = Rig(
             Path(tmp),
             debounce_ms=debounce_ms,
             hooks=[{"events": ["mains_lost", "mains_restored"], "run": HOOK, "timeout": 10.0}],
+            protect={"registry": str(Path(tmp) / "reg"), "rescue_dir": str(Path(tmp) / "rescue"), "grace": 1.0},
+            firmware={
+                "uplink": {"targets": [{"kind": "tcp", "host": "127.0.0.1", "port": t.port} for t in targets]},
+                "battery": {"pin": 34, "load_w": 28.0},
+            },
             on_line=tl.line,
             on_seen=tl.seen,
             web=WebSettings(port=free_port()),
         )
         captured: list[bytes] = []
+        alerts: list[str] = []
+        run = None
         try:
+            run = _trainee(Path(tmp))
+            tl.say("demo", f"a training run (16 MB of weights, protected by holdover.train) is up: pid {run.pid}")
             tl.say("demo", "starting Mosquitto, the emulated ESP32 (MicroPython, an ESP32's heap) and the bridge")
             rig.start()
             tl.say("broker", f"mosquitto on {rig.broker.host}:{rig.broker.port}")
@@ -91,24 +135,44 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             tl.say("bridge", f"dashboard and API on {dashboard} (OpenAPI at {dashboard}docs)")
             rig.wait("boot", timeout=20)
             spy = _attacker(rig)
-            spy.on_message = lambda _c, _u, m: captured.append(bytes(m.payload))
-            spy.subscribe(protocol.topic(rig.sid, protocol.EVENT), qos=1)
+            spy.on_message = lambda _c, _u, m: (
+                captured.append(bytes(m.payload))
+                if m.topic != protocol.ALERTS
+                else (alerts.append(m.payload.decode()), tl.say("alert", m.payload.decode().split("\n")[0]))
+            )
+            spy.subscribe([(protocol.topic(rig.sid, protocol.EVENT), 1), (protocol.ALERTS, 1)])
             time.sleep(0.3)
 
             tl.say("demo", 'cutting mains        -> control port {"mains": false}')
             t = time.monotonic()
             rig.control.send(mains=False)
-            rig.wait("hook:mains_lost", since=t)
             done = rig.wait("hook:mains_lost", since=t).at - t
             tl.say("demo", f"mains_lost hook finished {done:.3f}s after the cut (debounce {debounce_ms} ms)")
             [tile] = _api(rig.web.port, "/api/sentinels")
             tl.say("bridge", f"GET /api/sentinels: {tile['sid']} {tile['status']}, mains {tile['mains']}")
+            tl.say("demo", "after the 1 s grace, the bridge asks the run for an emergency checkpoint")
+            v = _verified(rig.dir / "journal.db", 30)["detail"]
+            tl.say(
+                "bridge",
+                f"emergency checkpoint verified: step {v['step']}, {v['bytes'] / 1e6:.1f} MB at {v['mb_s']:.0f} MB/s, "
+                f"{'pinned' if ckpt.pinned(v['dir']) else 'NOT pinned'}: {v['dir']}",
+            )
 
-            time.sleep(1.0)
+            time.sleep(0.5)
             tl.say("demo", 'restoring mains      -> control port {"mains": true}')
             t = time.monotonic()
             rig.control.send(mains=True)
             rig.wait("hook:mains_restored", since=t)
+
+            tl.say("demo", "the uplink dies: both probe targets stop answering")
+            t = time.monotonic()
+            for target in targets:
+                target.stop()
+            lost = rig.wait("uplink_lost", timeout=10, since=t).at - t
+            tl.say("demo", f"uplink_lost {lost:.2f}s after the cut, over MQTT on the LAN")
+            for target in targets:
+                target.start()
+            rig.wait("uplink_restored", timeout=10, since=time.monotonic())
 
             flicker = max(debounce_ms // 3, 20)
             tl.say("demo", f"a {flicker} ms flicker, shorter than the {debounce_ms} ms debounce: nothing should fire")
@@ -131,6 +195,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             spy.publish(protocol.topic(rig.sid, protocol.EVENT), genuine, qos=1)
             # Known by (boot, seq) from the journal: receipted again, journaled and hooked never twice.
             rig.wait("rejected:duplicate")
+            time.sleep(0.3)  # the last alerts' MQTT copies
             spy.loop_stop()
             spy.disconnect()
             if hold_s > 0:
@@ -141,6 +206,12 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             console.print(f"[bold red]demo failed:[/] {e}")
             rig.close()
             return 1
+        finally:
+            if run is not None:
+                run.terminate()
+                run.wait(10)
+            for target in targets:
+                target.stop()
         assert rig.bridge is not None
         duplicates = rig.bridge.bridge.view(rig.sid).duplicates
         rig.close()
@@ -148,17 +219,22 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             events = journal.events(limit=1000)
             rejected = journal.rejections()
             runs = journal.hook_runs()
+            rescues = journal.rescues()
         console.rule("journal")
         console.print(f"accepted events: {', '.join(e.kind for e in reversed(events))}")
         console.print(f"rejected: {json.dumps([r['reason'] for r in rejected])}")
         console.print(f"copies of journaled events dropped (resends, replays): {duplicates}")
         console.print(f"hook runs: {', '.join(r['outcome'] for r in runs)}")
+        console.print(f"emergency checkpoints: {', '.join(r['state'] for r in rescues)}")
+        console.print(f"alerts (on MQTT holdover/alerts; phones get them through apprise): {len(alerts)}")
         ok = (
             flickered == 0
             and len(runs) == 2
             and all(r["outcome"] == "ok" for r in runs)
             and [r["reason"] for r in rejected] == ["bad_signature"]
             and duplicates >= 1
+            and [r["state"] for r in rescues] == ["finished"]
+            and len(alerts) >= 4
         )
         console.print("[bold green]demo complete[/]" if ok else "[bold red]demo finished with surprises[/]")
         return 0 if ok else 1

@@ -508,6 +508,7 @@ def parse_header(buf: mmap.mmap | bytes, path: Path) -> tuple[dict[str, Any], in
     return header, 8 + n
 
 
+TRAIN_JSON = "train.json"  # the training state beside the shards (step, RNG, data position, ...)
 PIN = "PINNED"  # in a checkpoint directory: rotation never removes it (emergency saves)
 
 

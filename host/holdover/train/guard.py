@@ -39,6 +39,10 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+# (step, the caller's extras) -> (the shards to write, the training state as JSON-able data)
+Capture = Callable[[int, "dict[str, Any] | None"], "tuple[list[ckpt.Shard], dict[str, Any]]"]
+
+
 class Guard:
     def __init__(
         self,
@@ -48,6 +52,7 @@ class Guard:
         model: Any = None,
         optimizer: Any = None,
         scheduler: Any = None,
+        capture: Capture | None = None,
         signal: int | None = _signal.SIGUSR2,
         registry_dir: Path | str | None = None,
         keep: int = 3,
@@ -60,6 +65,8 @@ class Guard:
     ) -> None:
         self.name = name or os.environ.get("HOLDOVER_RUN_NAME") or Path(sys.argv[0] or "train").stem or "train"
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        # Without torch: the run hands over its own buffers (shards) and JSON-able training state.
+        self.capture = capture
         self.rank, self.world = _dist_rank_world()
         root = Path(ckpt_dir).resolve()
         self.root = root / f"rank{self.rank}" if self.world > 1 else root
@@ -330,8 +337,6 @@ class Guard:
         pin: bool = False,
     ) -> tuple[Path, ckpt.Manifest]:
         """Write a checkpoint now (the loop must be between steps); `pin` keeps it out of rotation."""
-        from holdover.train import state  # torch only when a save actually happens
-
         meta = {
             "name": self.name,
             "reason": reason,
@@ -343,7 +348,31 @@ class Guard:
             "grad_norm": self.grad_norms.summary(),
         }
         t0 = time.monotonic()
-        directory, manifest = state.save(
+        if self.capture is not None:
+            shards, train = self.capture(step, extra)
+            blobs = {ckpt.TRAIN_JSON: json.dumps(train).encode()}
+            directory, manifest = ckpt.save(
+                self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, progress=progress
+            )
+        else:
+            directory, manifest = self._save_torch(step, extra, meta, progress)
+        seconds = time.monotonic() - t0
+        if pin:
+            ckpt.pin(directory, reason)
+        with contextlib.suppress(OSError):
+            ckpt.prune(self.root, self.keep, protect=[directory])
+        self.reg.last_save = registry.LastSave(
+            step, str(directory), manifest.nbytes, round(seconds, 4), time.time(), reason
+        )
+        self._publish()
+        return directory, manifest
+
+    def _save_torch(
+        self, step: int, extra: dict[str, Any] | None, meta: dict[str, Any], progress: ckpt.Progress | None
+    ) -> tuple[Path, ckpt.Manifest]:
+        from holdover.train import state  # torch only when a save actually happens
+
+        return state.save(
             self.root,
             step,
             self.model,
@@ -355,16 +384,6 @@ class Guard:
             shard_bytes=self.shard_bytes,
             progress=progress,
         )
-        seconds = time.monotonic() - t0
-        if pin:
-            ckpt.pin(directory, reason)
-        with contextlib.suppress(OSError):
-            ckpt.prune(self.root, self.keep, protect=[directory])
-        self.reg.last_save = registry.LastSave(
-            step, str(directory), manifest.nbytes, round(seconds, 4), time.time(), reason
-        )
-        self._publish()
-        return directory, manifest
 
     # --- resume ---------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
     if hasattr(torch, _name):
         DTYPES[getattr(torch, _name)] = _code
 CODES = {v: k for k, v in DTYPES.items()}
-TRAIN_JSON = "train.json"
+TRAIN_JSON = ckpt.TRAIN_JSON
 OPT = "optim/"
 RNG = "rng/"
 
