@@ -11,13 +11,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from holdover.board.emulator import DEFAULT_HEAP, firmware_dir, micropython_binary
+from holdover.lab.broker import free_port
 from holdover.lab.rig import Rig
 from holdover.train import registry
 
@@ -170,3 +173,50 @@ def wait_for(pred, timeout: float, what: str):
             return got
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class Ntfy:
+    """What an ntfy server does with apprise's POST: take the JSON, answer 200. Records each."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.got: list[dict[str, Any]] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self) -> Ntfy:
+        got = self.got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                got.append(json.loads(body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"id":"x"}')
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def url(self, topic: str) -> str:
+        return f"ntfy://127.0.0.1:{self.port}/{topic}"
+
+    def on(self, topic: str) -> list[dict[str, Any]]:
+        return [m for m in self.got if m["topic"] == topic]
+
+
+@pytest.fixture
+def ntfy():
+    n = Ntfy().start()
+    yield n
+    n.stop()

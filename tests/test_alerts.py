@@ -3,72 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from conftest import Listener
+from conftest import Listener, Ntfy
 from holdover.bridge.alerts import Alerts
 from holdover.bridge.service import NODE, Bridge, BridgeThread
 from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.lab.broker import Broker, free_port
 from holdover.settings import AlertSettings, ConfigError, Settings, load
-
-
-class Ntfy:
-    """What an ntfy server does with apprise's POST: take the JSON, answer 200. Records each."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.got: list[dict[str, Any]] = []
-        self.server: ThreadingHTTPServer | None = None
-
-    def start(self) -> Ntfy:
-        got = self.got
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                got.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"id":"x"}')
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def url(self, topic: str) -> str:
-        return f"ntfy://127.0.0.1:{self.port}/{topic}"
-
-    def on(self, topic: str) -> list[dict[str, Any]]:
-        return [m for m in self.got if m["topic"] == topic]
-
-
-@pytest.fixture
-def ntfy():
-    n = Ntfy().start()
-    yield n
-    n.stop()
 
 
 def _settings(ntfy: Ntfy, **kw: Any) -> AlertSettings:

@@ -30,7 +30,7 @@ def test_the_access_point_drops_ten_times_and_the_sentinel_never_resets(rig_fact
     cut_at = None
     for i in range(10):
         rig.control.send(wlan=False)
-        time.sleep(1.5 if i % 2 else 3.0)  # short drops, and ones long enough for failed scans
+        time.sleep(1.0 if i % 2 else 2.0)  # short drops, and ones long enough for a failed scan (1.5 s)
         if i == 5:
             # Mains goes while the radio is down: the watch must be sampling all along.
             cut_at = rig.control.send(mains=False)["uptime_ms"]

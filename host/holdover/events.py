@@ -119,8 +119,21 @@ _KINDS = (
     Kind("lost", CRITICAL, "{target}: nothing could be saved", HOST),
     Kind(FAILOVER, WARNING, "traffic moved to the backup uplink {uplink}", HOST, doing="{why}"),
     Kind(FAILBACK, INFO, "traffic back on the primary uplink {uplink}", HOST, resolves=FAILOVER),
-    Kind("data_cap", WARNING, "backup uplink {uplink} has used {share} of its data cap", HOST),
-    Kind("bond_slave_down", WARNING, "bond {bond}: slave {slave} is down, no redundancy left", HOST),
+    Kind(
+        "data_cap",
+        WARNING,
+        "backup uplink {uplink} has used {share} of its data cap ({used_mb} of {cap_mb} MB)",
+        HOST,
+        doing="{action}",
+    ),
+    Kind(
+        "bond_slave_down",
+        WARNING,
+        "bond {bond}: slave {slave} is down, no redundancy left",
+        HOST,
+        doing="traffic still flows on {up}; the next link failure is an outage",
+    ),
+    Kind("bond_slave_up", INFO, "bond {bond}: slave {slave} is back", HOST, resolves="bond_slave_down"),
 )
 TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)

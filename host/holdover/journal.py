@@ -46,6 +46,14 @@ CREATE TABLE IF NOT EXISTS hook_runs (
     returncode INTEGER,
     output TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS data_usage (
+    month TEXT,
+    dev TEXT,
+    bytes INTEGER NOT NULL DEFAULT 0,
+    counter INTEGER,
+    alerted REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (month, dev)
+);
 CREATE TABLE IF NOT EXISTS sentinels (
     sid TEXT PRIMARY KEY,
     status TEXT,
@@ -261,6 +269,32 @@ class Journal:
             return
         self.db.execute("INSERT INTO samples (sid, ts, battery_v, rtt_ms) VALUES (?,?,?,?)", (sid, now, volts, rtt))
         self.db.execute("DELETE FROM samples WHERE sid=? AND ts<?", (sid, now - self.SAMPLES_KEEP_S))
+
+    def usage_add(self, month: str, dev: str, counter: int) -> int:
+        """The month's bytes through `dev` after the kernel's counter read `counter` now. A counter
+        below the last one was reset (a reboot, the device re-plugged): all of it is new."""
+        row = self.db.execute("SELECT bytes, counter FROM data_usage WHERE month=? AND dev=?", (month, dev)).fetchone()
+        if row is None:
+            # The first look of the month: earlier bytes belong to last month (or to before the watch).
+            last = self.db.execute(
+                "SELECT counter FROM data_usage WHERE dev=? ORDER BY month DESC LIMIT 1", (dev,)
+            ).fetchone()
+            base = 0 if last is None or last[0] is None or counter < last[0] else counter - last[0]
+            q = "INSERT INTO data_usage (month, dev, bytes, counter) VALUES (?,?,?,?)"
+            self.db.execute(q, (month, dev, base, counter))
+            return base
+        total, before = row
+        total += counter - before if before is not None and counter >= before else counter
+        q = "UPDATE data_usage SET bytes=?, counter=? WHERE month=? AND dev=?"
+        self.db.execute(q, (total, counter, month, dev))
+        return total
+
+    def usage_alerted(self, month: str, dev: str) -> float:
+        row = self.db.execute("SELECT alerted FROM data_usage WHERE month=? AND dev=?", (month, dev)).fetchone()
+        return row[0] if row else 0.0
+
+    def usage_set_alerted(self, month: str, dev: str, level: float) -> None:
+        self.db.execute("UPDATE data_usage SET alerted=? WHERE month=? AND dev=?", (level, month, dev))
 
     def samples(self, sid: str, since: float) -> list[tuple[float, float | None, float | None]]:
         rows = self.db.execute(

@@ -215,23 +215,73 @@ class FailoverSettings(_Strict):
         return self
 
 
+class BondingSettings(_Strict):
+    """The node's Linux bonds, watched for a slave going down (redundancy gone, traffic still flowing)."""
+
+    enabled: bool = Field(True, description="watch /proc/net/bonding (nothing to do where there are no bonds)")
+    interval: float = Field(2.0, gt=0, le=600, description="seconds between two looks")
+    proc: ConfigPath = Field(Path("/proc"), description="where /proc is (tests point it at fixture files)")
+
+
+SMS_SCHEME = "dongle-sms://"  # an alert channel sent as SMS by the [dongle], not by apprise
+
+
+class DongleSettings(_Strict):
+    """A Huawei HiLink 4G stick (E3372h, E8372h): its state and signal, data used, SMS."""
+
+    enabled: bool = Field(False, description="watch a HiLink dongle")
+    url: str = Field("http://192.168.8.1/", description="its web API (a stick's factory address)")
+    username: str = Field("", description="its admin user, for sticks that ask for a login")
+    password: str = Field("", description="its admin password (better: password_file)")
+    password_file: ConfigPath | None = Field(None, description="a file holding that password")
+    timeout: float = Field(3.0, gt=0, le=60, description="seconds each HTTP request to it may take")
+    uplink: str = Field("", description="the [failover] uplink it is: dialled before traffic is switched to it")
+    data_cap_mb: int = Field(0, ge=0, description="the plan's monthly data in MB, counted on that uplink (0: none)")
+    cap_warn: float = Field(0.8, gt=0, lt=1, description="the share of the cap that raises an alert")
+    at_cap: Literal["stay", "alert_only"] = Field(
+        "alert_only", description="at the cap: stay on it, or alert only and keep traffic on the primary"
+    )
+    cap_interval: float = Field(10.0, gt=0, le=3600, description="seconds between two counts")
+
+    def password_value(self) -> str:
+        if self.password_file is not None:
+            try:
+                return self.password_file.read_text().strip()
+            except OSError:
+                return ""
+        return self.password
+
+
 class AlertChannelSettings(_Strict):
-    """One place alerts go: an apprise URL (ntfy, Telegram, Pushover, mailto, Matrix, ...)."""
+    """One place alerts go: an apprise URL (ntfy, Telegram, Pushover, mailto, Matrix, ...), or
+    dongle-sms://+NUMBER[,+NUMBER] for SMS through the [dongle]."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$", description="a name for it in the journal")
     url: str = Field(min_length=3, description="an apprise URL: ntfys://ntfy.sh/TOPIC, tgram://..., mailto://...")
     min_severity: Literal["info", "warning", "critical"] = Field("warning", description="the least it is sent")
     per_hour: int = Field(20, ge=1, le=3600, description="messages an hour at most; more are merged into one")
+    when: Literal["always", "wan_down"] = Field(
+        "always", description="wan_down: only while no uplink is left (SMS through the dongle)"
+    )
 
     @field_validator("url")
     @classmethod
     def _apprise_knows_it(cls, v: str) -> str:
+        if v.startswith(SMS_SCHEME):
+            numbers = sms_numbers(v)
+            if not numbers or not all(re.fullmatch(r"\+?[0-9]{5,15}", n) for n in numbers):
+                raise ValueError(f"{SMS_SCHEME}: phone numbers as +4915112345678, comma-separated; got {v!r}")
+            return v
         import apprise  # only when alerts are configured: it is a large import
 
         if apprise.Apprise.instantiate(v, suppress_exceptions=True) is None:
             scheme = v.split("://")[0] if "://" in v else v
             raise ValueError(f"apprise cannot use this URL (scheme {scheme!r}, or its parts); see apprise's docs")
         return v
+
+
+def sms_numbers(url: str) -> list[str]:
+    return [n.strip() for n in url.removeprefix(SMS_SCHEME).split(",") if n.strip()]
 
 
 class AlertSettings(_Strict):
@@ -278,6 +328,8 @@ class Settings(_Strict):
     protect: ProtectSettings = ProtectSettings()
     failover: FailoverSettings = FailoverSettings()
     web: WebSettings = WebSettings()
+    dongle: DongleSettings = DongleSettings()
+    bonding: BondingSettings = BondingSettings()
 
     @model_validator(mode="after")
     def _unique_sentinels(self) -> Settings:
@@ -285,6 +337,14 @@ class Settings(_Strict):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"sentinels: duplicate id(s) {dup}")
+        sms = [c.name for c in self.alerts.channels if c.url.startswith(SMS_SCHEME)]
+        if sms and not self.dongle.enabled:
+            raise ValueError(f"alert channel(s) {sms} send SMS through the dongle: [dongle] enabled = true")
+        names = [u.name for u in self.failover.uplinks]
+        if self.dongle.uplink and self.dongle.uplink not in names:
+            raise ValueError(f"dongle.uplink {self.dongle.uplink!r} is not a [failover] uplink ({names})")
+        if self.dongle.data_cap_mb and not self.dongle.uplink:
+            raise ValueError("dongle.data_cap_mb counts on dongle.uplink: name the [failover] uplink it is")
         return self
 
     def keys(self) -> dict[str, bytes]:
@@ -307,6 +367,7 @@ EXAMPLES: dict[str, Any] = {
     "mqtt.password_file": "/etc/holdover/bridge.password",
     "protect.registry": "/run/user/1000/holdover",
     "web.token_file": "/etc/holdover/web.token",
+    "dongle.password_file": "/etc/holdover/dongle.password",
 }
 # Sections whose one example entry is live in the example (a bridge needs a sentinel); the other
 # lists of tables are shown commented out.

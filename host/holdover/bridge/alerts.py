@@ -32,7 +32,8 @@ from typing import Any
 from holdover import events
 from holdover.bridge import notify
 from holdover.journal import Event, Journal
-from holdover.settings import AlertChannelSettings, AlertSettings
+from holdover.node.dongle import Dongle, DongleError
+from holdover.settings import SMS_SCHEME, AlertChannelSettings, AlertSettings, sms_numbers
 
 log = logging.getLogger("holdover.alerts")
 
@@ -92,8 +93,12 @@ class Alerts:
         journal: Journal,
         publish: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
+        wan_down: Callable[[], bool] = lambda: False,
+        dongle: Dongle | None = None,
     ) -> None:
         self.s = settings
+        self.wan_down = wan_down  # channels with when = "wan_down" are used only while it says so
+        self.dongle = dongle  # sends the dongle-sms:// channels
         self.journal = journal
         self.publish = publish  # the readable copy for MQTT holdover/alerts
         self.clock = clock
@@ -130,7 +135,12 @@ class Alerts:
             log.info("alert %r again within %.0f s: not sent again", title, self.s.dedup_s)
             return
         p.last_kind, p.last_ts = event.kind, now
-        to = {c.name for c in self.channels.values() if RANK[severity] >= RANK[c.min_severity]}
+        wan_down = self.wan_down()
+        to = {
+            c.name
+            for c in self.channels.values()
+            if RANK[severity] >= RANK[c.min_severity] and (c.when == "always" or wan_down)
+        }
         if k.resolves:
             to |= p.channels  # a recovery reaches whoever heard of the problem
             p.opened, p.channels = None, set()
@@ -156,6 +166,16 @@ class Alerts:
                 log.exception("alert not published on MQTT")
         log.info("alert %r to %s", title, ", ".join(sorted(to)) or "no channel (MQTT only)")
         self._nudge.set()
+
+    async def _sms(self, channel: AlertChannelSettings, title: str, body: str) -> notify.Sent:
+        """Through the dongle's SMS: the cellular network, when no internet uplink is left."""
+        if self.dongle is None:
+            return notify.Sent(False, "no [dongle] to send SMS through")
+        try:
+            await self.dongle.asend_sms(sms_numbers(channel.url), f"{title}: {body}")
+        except DongleError as e:
+            return notify.Sent(False, str(e))
+        return notify.Sent(True)
 
     async def _summaries(self) -> None:
         while True:
@@ -214,7 +234,10 @@ class Alerts:
             severity = max((r["severity"] for r in rows), key=RANK.__getitem__)
             title = f"{len(rows)} holdover alerts (rate limit: merged)"
             body = "\n".join(f"- {r['title']}" for r in rows)
-        result = await asyncio.to_thread(notify.send, channel.url, title, body, severity)
+        if channel.url.startswith(SMS_SCHEME):
+            result = await self._sms(channel, title, body)
+        else:
+            result = await asyncio.to_thread(notify.send, channel.url, title, body, severity)
         ids = [r["id"] for r in rows]
         now = self.clock()
         if result.ok:

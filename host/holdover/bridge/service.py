@@ -23,6 +23,9 @@ from holdover.bridge.serial_link import SerialLink
 from holdover.events import Reaction
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
+from holdover.node.bonding import BondWatch
+from holdover.node.datacap import DataCap
+from holdover.node.dongle import Dongle
 from holdover.node.failover import Failover
 from holdover.node.rescue import Rescuer
 from holdover.node.systemd import Notifier
@@ -43,6 +46,7 @@ class SentinelView:
     duplicates: int = 0
     gaps: int = 0  # events that arrived before the one they name as their predecessor
     last_ack: dict[str, Any] | None = None
+    uplink_down: bool = False  # its site's internet, by its last uplink event
 
 
 @dataclass
@@ -57,7 +61,10 @@ class Bridge:
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
         self.rescuer = Rescuer(self.settings.protect, self.journal, self._react)
-        self.alerts = Alerts(self.settings.alerts, self.journal, self._publish_alert)
+        dongle = Dongle(self.settings.dongle) if self.settings.dongle.enabled else None
+        self.alerts = Alerts(
+            self.settings.alerts, self.journal, self._publish_alert, wan_down=self.wan_down, dongle=dongle
+        )
         # Every accepted event goes to each of these, in order; a new capability appends itself.
         self.reactions: list[Reaction] = [self.hooks, self.rescuer, self.alerts]
         self.failover: Failover | None = None
@@ -70,6 +77,12 @@ class Bridge:
                 fo, NetNS(fo.netns) if fo.netns else IPRoute(), self.node_event, on_state=self._node_uplinks
             )
             self.reactions.append(self.failover)
+            ds = self.settings.dongle
+            if ds.enabled and ds.data_cap_mb:
+                self.reactions.append(DataCap(ds, self.failover, self.journal, self.node_event, dongle))
+        bonds = self.settings.bonding
+        if bonds.enabled and (bonds.proc / "net" / "bonding").is_dir():
+            self.reactions.append(BondWatch(bonds, self.node_event))
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
         self._stop = asyncio.Event()
         self.link: MqttLink | None = None
@@ -102,6 +115,8 @@ class Bridge:
             elif v.event is not None:
                 view.events += 1
                 view.last_event = v.event.kind
+                if v.event.kind in (protocol.UPLINK_LOST, protocol.UPLINK_RESTORED):
+                    view.uplink_down = v.event.kind == protocol.UPLINK_LOST  # before the alert is made
                 log.info("event %s from %s (boot %s seq %d)", v.event.kind, v.sid, v.event.boot, v.event.seq)
                 self._check_gap(view, v.event)
                 self._react(v.event)
@@ -239,6 +254,13 @@ class Bridge:
             self.journal.close()
             notifier.close()
             log.info("bridge stopped")
+
+    def wan_down(self) -> bool:
+        """No uplink left to the internet: every uplink of the node's failover failing, or (without
+        failover) a sentinel whose uplink watch says lost. Then SMS channels are used."""
+        if self.failover is not None:
+            return not any(h.up for h in self.failover.health.values())
+        return any(v.uplink_down for v in self.sentinels.values())
 
     QUEUE_WEDGED = 1000  # inbound messages waiting: the loop is not keeping up
 

@@ -54,6 +54,7 @@ class Rig:
         web: WebSettings | None = None,
         broker_auth: str = "",
         bridge_mqtt: dict[str, Any] | None = None,
+        bridge_extra: dict[str, Any] | None = None,
     ) -> None:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +78,7 @@ class Rig:
         self._cv = threading.Condition()
         self.broker = Broker(workdir=self.dir / "broker", auth=broker_auth)  # auth: broker_config's lines
         self.bridge_mqtt = bridge_mqtt or {}  # merged over the bridge's [mqtt]: its user and password
+        self.bridge_extra = bridge_extra or {}  # more sections of the bridge's config ([alerts], [dongle])
         self.control_addr = ("127.0.0.1", free_port())
         self.emulator: Emulator | None = None
         self.bridge: BridgeThread | None = None
@@ -111,6 +113,7 @@ class Rig:
             "serial": [{"url": self.serial_url}] if self.serial_addr else [],
             "hooks": self.hooks,
             **({"protect": self.protect} if self.protect is not None else {}),
+            **self.bridge_extra,
         }
 
     @property

@@ -84,6 +84,8 @@ class Failover:
     repaired: asyncio.Event = field(default_factory=asyncio.Event)  # set once a crash's leftovers are gone
     _switched: float = -1e9
     switches: int = 0
+    barred: dict[str, str] = field(default_factory=dict)  # uplink -> why it must not carry traffic
+    _on: str | None = None  # the backup our route goes through
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -170,6 +172,16 @@ class Failover:
                 async with asyncio.timeout(max(0.0, self.settings.interval - (self.clock() - t0))):
                     await self._nudge.wait()
 
+    def bar(self, name: str, on: bool, why: str = "") -> None:
+        """Keep traffic off an uplink (its data cap is used up), or let it carry traffic again.
+        If our route goes through it, the next round takes it back to the primary."""
+        if on and name not in self.barred:
+            log.warning("uplink %s barred: %s", name, why)
+            self.barred[name] = why
+            self._nudge.set()
+        elif not on and self.barred.pop(name, None) is not None:
+            log.info("uplink %s may carry traffic again", name)
+
     def decide(self, now: float) -> list[tuple[str, dict[str, Any]]]:
         """Switch if the verdicts say so; returns the events to raise. Blocking (netlink calls):
         the loop runs it on the netlink thread."""
@@ -178,16 +190,21 @@ class Failover:
         if now - self._switched < self.settings.dwell:
             return []
         current = routes.ours(self.ipr)
+        if current and self._on in self.barred:
+            why = self.barred[self._on]
+            routes.switch_back(self.ipr)
+            self._switched, self.switches, self._on = now, self.switches + 1, None
+            return [self._event(events.FAILBACK, primary, f"the backup is barred: {why}")]
         if not current and hp.up is False:
-            backup = next((b for b in backups if self.health[b.name].up), None)
+            backup = next((b for b in backups if self.health[b.name].up and b.name not in self.barred), None)
             if backup is None:
                 return []  # nothing better to go to; the alert says so (sentinel/uplink events)
             routes.switch_to(self.ipr, backup)
-            self._switched, self.switches = now, self.switches + 1
+            self._switched, self.switches, self._on = now, self.switches + 1, backup.name
             return [self._event(events.FAILOVER, backup, f"{primary.name} down")]
         if current and hp.up and now - hp.since >= self.settings.failback_after:
             routes.switch_back(self.ipr)
-            self._switched, self.switches = now, self.switches + 1
+            self._switched, self.switches, self._on = now, self.switches + 1, None
             return [self._event(events.FAILBACK, primary, f"{primary.name} up for {now - hp.since:.0f} s")]
         return []
 
