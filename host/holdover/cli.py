@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import typer
@@ -195,6 +196,47 @@ def install_service(
         typer.echo(f"{' '.join(step)}: {r.describe()} {r.output.strip()}".rstrip())
         if not r.ok:
             raise typer.Exit(1)
+
+
+@app.command()
+def diagnose(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([failover], [diagnose])."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Walk each uplink hop by hop (link, gateway, targets), DNS, metadata, the kernel's words and
+    the dongle: pass / warn / fail, the first failed hop named. Exit 0 all pass, 1 a warning, 2 a failure."""
+    from pyroute2 import IPRoute, NetNS
+
+    from holdover.node import diagnose as dg
+    from holdover.node.doctor import RANK
+
+    cfg = _config(config)
+    fo = cfg.failover
+
+    async def run() -> list[dg.Finding]:
+        with ThreadPoolExecutor(1) as one:  # pyroute2: one thread for every use of the socket
+            ipr = one.submit(lambda: NetNS(fo.netns) if fo.netns else IPRoute()).result()
+            loop = asyncio.get_running_loop()
+            try:
+                return await dg.diagnose(cfg, ipr, lambda fn, *a: loop.run_in_executor(one, fn, *a))
+            finally:
+                one.submit(ipr.close).result()
+
+    findings = asyncio.run(run())
+    worst = max((RANK[f.status] for f in findings), default=0)
+    if as_json:
+        typer.echo(json.dumps(dg.summary(findings), indent=1))
+        raise typer.Exit(worst)
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+    t = Table("check", "", "what was found")
+    for f in findings:
+        t.add_row(escape(f.check), f"[{style[f.status]}]{f.status}[/]", escape(f.detail))
+    Console().print(t)
+    raise typer.Exit(worst)
 
 
 @app.command("check-config")

@@ -134,6 +134,9 @@ _KINDS = (
         doing="traffic still flows on {up}; the next link failure is an outage",
     ),
     Kind("bond_slave_up", INFO, "bond {bond}: slave {slave} is back", HOST, resolves="bond_slave_down"),
+    Kind("link_added", INFO, "interface {dev} appeared", HOST, alert=False),
+    Kind("link_removed", INFO, "interface {dev} went away", HOST, alert=False),
+    Kind("diagnosis", WARNING, "outage diagnosis: {first}", HOST, doing="failed checks: {failed}"),
 )
 TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)

@@ -215,6 +215,29 @@ class FailoverSettings(_Strict):
         return self
 
 
+class DiagnoseSettings(_Strict):
+    """`holdover diagnose` and the report made on every outage."""
+
+    resolvers: list[str] = Field(
+        default_factory=list, description="DNS servers to ask (ip or ip:port; a real site names its own)"
+    )
+    name: str = Field("example.com", description="the name they are asked for")
+    metadata_url: str = Field("", description="a cloud metadata endpoint to try (empty: none)")
+
+    @field_validator("resolvers")
+    @classmethod
+    def _ips(cls, v: list[str]) -> list[str]:
+        for r in v:
+            host, _, port = r.partition(":")
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise ValueError(f"{r!r}: an IPv4 address (no names: they would need DNS)") from None
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"{r!r}: the port must be 1-65535")
+        return v
+
+
 class BondingSettings(_Strict):
     """The node's Linux bonds, watched for a slave going down (redundancy gone, traffic still flowing)."""
 
@@ -330,6 +353,7 @@ class Settings(_Strict):
     web: WebSettings = WebSettings()
     dongle: DongleSettings = DongleSettings()
     bonding: BondingSettings = BondingSettings()
+    diagnose: DiagnoseSettings = DiagnoseSettings()
 
     @model_validator(mode="after")
     def _unique_sentinels(self) -> Settings:

@@ -25,8 +25,10 @@ from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.bonding import BondWatch
 from holdover.node.datacap import DataCap
+from holdover.node.diagnose import Diagnosis
 from holdover.node.dongle import Dongle
 from holdover.node.failover import Failover
+from holdover.node.hotplug import Hotplug
 from holdover.node.rescue import Rescuer
 from holdover.node.systemd import Notifier
 from holdover.settings import Settings
@@ -77,6 +79,8 @@ class Bridge:
                 fo, NetNS(fo.netns) if fo.netns else IPRoute(), self.node_event, on_state=self._node_uplinks
             )
             self.reactions.append(self.failover)
+            self.reactions.append(Diagnosis(self.settings, self.failover, self.node_event))
+            self.reactions.append(Hotplug(fo.netns, self.node_event, on_link=self.failover.link))
             ds = self.settings.dongle
             if ds.enabled and ds.data_cap_mb:
                 self.reactions.append(DataCap(ds, self.failover, self.journal, self.node_event, dongle))

@@ -172,6 +172,16 @@ class Failover:
                 async with asyncio.timeout(max(0.0, self.settings.interval - (self.clock() - t0))):
                     await self._nudge.wait()
 
+    def link(self, dev: str, present: bool) -> None:
+        """An interface plugged or pulled (hotplug): an uplink whose device is gone is down now,
+        not after three failed rounds; one that appears is probed at once."""
+        for u in self.uplinks:
+            if u.dev == dev and not present:
+                h = self.health[u.name]
+                h.up, h.good, h.bad, h.since = False, 0, h.down_after, self.clock()
+                log.warning("uplink %s: its interface %s is gone", u.name, dev)
+        self._nudge.set()
+
     def bar(self, name: str, on: bool, why: str = "") -> None:
         """Keep traffic off an uplink (its data cap is used up), or let it carry traffic again.
         If our route goes through it, the next round takes it back to the primary."""
