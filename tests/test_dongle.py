@@ -11,9 +11,13 @@ import pytest
 
 from conftest import wait_for
 from holdover.lab.hilink import HiLink
+from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.lab.targets import TcpTarget
-from holdover.node.dongle import Dongle, DongleError, shorten
-from holdover.settings import DongleSettings
+from holdover.node.dongle import Dongle, DongleError, dial, shorten
+from holdover.node.failover import Failover
+from holdover.settings import DongleSettings, FailoverSettings
+
+PORT = 8443
 
 
 def _dongle(stick: HiLink, **kw) -> Dongle:
@@ -111,3 +115,41 @@ def test_alerts_go_out_as_sms_through_the_dongle_only_while_no_uplink_is_left(ri
         # The recovery reaches whoever heard of the problem: the SMS channel too.
         wait_for(lambda: len(stick.sms) == 2, 15, "the recovery by SMS")
         assert stick.sms[1]["content"].startswith("Internet uplink back at demo")
+
+
+def test_the_dongle_is_dialled_before_traffic_is_switched_to_it(tmp_path) -> None:
+    with NetLab() as lab, HiLink() as stick:
+        lab.serve(PORT)
+        lab.silence(BACKUP)  # not dialled: nothing answers through the stick
+        stick.dataswitch, stick.connection = 0, "902"
+        dialled: list[float] = []
+        stick.on_dataswitch = lambda on: (dialled.append(time.monotonic()), lab.silence(BACKUP, not on))
+        settings = FailoverSettings.model_validate(
+            {
+                "netns": lab.node_name,
+                "targets": [f"{TARGET}:{PORT}"],
+                "uplinks": [{"name": u["name"], "dev": u["dev"], "gateway": u["gateway"]} for u in (PRIMARY, BACKUP)],
+                "dwell": 0.0,
+            }
+        )
+        events: list[tuple[str, float]] = []
+
+        async def run() -> None:
+            fo = Failover(
+                settings,
+                lab.node,
+                lambda k, d: events.append((k, time.monotonic())),
+                prepare=dial(_dongle(stick), "usb"),
+            )
+            fo.start()
+            try:
+                await asyncio.to_thread(lab.silence, PRIMARY)
+                deadline = time.monotonic() + 15
+                while not events and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+            finally:
+                await fo.close()
+
+        asyncio.run(run())
+        assert stick.dataswitch == 1 and len(dialled) == 1
+        assert [k for k, _ in events] == ["failover"] and dialled[0] < events[0][1]

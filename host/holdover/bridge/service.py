@@ -26,7 +26,7 @@ from holdover.journal import Event, Journal
 from holdover.node.bonding import BondWatch
 from holdover.node.datacap import DataCap
 from holdover.node.diagnose import Diagnosis
-from holdover.node.dongle import Dongle
+from holdover.node.dongle import Dongle, dial
 from holdover.node.failover import Failover
 from holdover.node.hotplug import Hotplug
 from holdover.node.rescue import Rescuer
@@ -76,7 +76,11 @@ class Bridge:
 
             # The routing table of the namespace configured (tests), else this machine's own.
             self.failover = Failover(
-                fo, NetNS(fo.netns) if fo.netns else IPRoute(), self.node_event, on_state=self._node_uplinks
+                fo,
+                NetNS(fo.netns) if fo.netns else IPRoute(),
+                self.node_event,
+                on_state=self._node_uplinks,
+                prepare=dial(dongle, self.settings.dongle.uplink) if dongle else None,
             )
             self.reactions.append(self.failover)
             self.reactions.append(Diagnosis(self.settings, self.failover, self.node_event))

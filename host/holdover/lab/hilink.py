@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -26,6 +27,7 @@ class HiLink:
         self.operator = "Test Telecom"
         self.month = {"CurrentMonthDownload": 3_000_000, "CurrentMonthUpload": 1_000_000}
         self.dataswitch = 0
+        self.on_dataswitch: Callable[[int], None] | None = None  # what dialling does to the lab's network
         self.sms: list[dict[str, Any]] = []  # {"phones": [...], "content": str}
         self.hang = False  # accept, then never answer
         self.error_code: int | None = None  # answer every API call with this HiLink error
@@ -67,8 +69,9 @@ class HiLink:
             return True
         if path == "/api/dialup/mobile-dataswitch":
             self.dataswitch = int(body.findtext("dataswitch") or 0)
-            if self.dataswitch:
-                self.connection = "901"
+            self.connection = "901" if self.dataswitch else "902"
+            if self.on_dataswitch is not None:
+                self.on_dataswitch(self.dataswitch)
             return True
         return False
 

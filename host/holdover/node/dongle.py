@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -140,3 +141,20 @@ def _words(e: Exception) -> str:
     if "Connection refused" in text:
         return "connection refused"
     return text.splitlines()[0][:200]
+
+
+def dial(dongle: Dongle, uplink: str) -> Callable[[Any], None]:
+    """The failover's `prepare`: mobile data on before traffic is switched to the dongle's uplink
+    (a stick that is not dialled answers no probe, so it would never look ready)."""
+
+    def prepare(u: Any) -> None:
+        if u.name != uplink:
+            return
+        try:
+            if not dongle.status().connected:
+                dongle.connect()
+                log.info("dongle: mobile data switched on for uplink %s", uplink)
+        except DongleError as e:
+            log.warning("%s", e)
+
+    return prepare

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -70,12 +71,18 @@ class Health:
         return flip
 
 
+PREPARE_EVERY_S = 30.0
+
+
 @dataclass
 class Failover:
     settings: FailoverSettings
     ipr: Any  # a pyroute2 IPRoute or NetNS: the only routing table this touches
     emit: Callable[[str, dict[str, Any]], None]  # (kind, data): a host event to journal and react to
     on_state: Callable[[dict[str, Any]], None] | None = None  # status() whenever a verdict or the route changed
+    # Make a backup ready to carry traffic (dial a 4G dongle) when the primary is down and it is
+    # not up yet; on a thread of its own, at most once per PREPARE_EVERY_S, never blocking a decision.
+    prepare: Callable[[routes.Uplink], None] | None = None
     clock: Callable[[], float] = time.monotonic
     uplinks: list[routes.Uplink] = field(init=False)
     health: dict[str, Health] = field(init=False)
@@ -86,6 +93,7 @@ class Failover:
     switches: int = 0
     barred: dict[str, str] = field(default_factory=dict)  # uplink -> why it must not carry traffic
     _on: str | None = None  # the backup our route goes through
+    _prepared: float = -1e9
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -207,6 +215,11 @@ class Failover:
             return [self._event(events.FAILBACK, primary, f"the backup is barred: {why}")]
         if not current and hp.up is False:
             backup = next((b for b in backups if self.health[b.name].up and b.name not in self.barred), None)
+            if backup is None and self.prepare is not None and now - self._prepared >= PREPARE_EVERY_S:
+                self._prepared = now
+                for b in backups:
+                    if b.name not in self.barred:
+                        threading.Thread(target=self.prepare, args=(b,), name="holdover-prepare", daemon=True).start()
             if backup is None:
                 return []  # nothing better to go to; the alert says so (sentinel/uplink events)
             routes.switch_to(self.ipr, backup)
