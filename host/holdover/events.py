@@ -12,6 +12,9 @@ in the bridge's dispatch.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -158,3 +161,34 @@ class Reaction(Protocol):
 
     async def close(self) -> None:
         """Finish or cancel what is in flight; called when the bridge stops."""
+
+
+class Polling:
+    """A Reaction whose work is a look every `interval` seconds on a task of its own (the bonds,
+    the data used); events pass it by. A look that fails is logged and the next one runs."""
+
+    interval: float = 1.0
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._every())
+
+    def on_event(self, event: Event) -> None:
+        pass
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def look(self) -> None:
+        raise NotImplementedError
+
+    async def _every(self) -> None:
+        while True:
+            try:
+                await self.look()
+            except Exception:  # one strange reading must not end the watch
+                logging.getLogger("holdover").exception("%s: a look failed", type(self).__name__)
+            await asyncio.sleep(self.interval)

@@ -35,6 +35,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _secret(path: Path, key: str) -> str:
+    """A secret kept in a file of its own (a key, a password): read when the config loads, so an
+    unreadable one is a config error by its key, not a failure later."""
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise ValueError(f"{key}: cannot read {path}: {e.strerror}") from None
+
+
 def _as_path(v: object) -> object:
     return Path(v) if isinstance(v, str) else v
 
@@ -60,10 +69,7 @@ class MqttSettings(_Strict):
     @model_validator(mode="after")
     def _password_file(self) -> MqttSettings:
         if self.password_file is not None:
-            try:
-                self.password = self.password_file.read_text().strip()
-            except OSError as e:
-                raise ValueError(f"password_file: cannot read {self.password_file}: {e.strerror}") from None
+            self.password = _secret(self.password_file, "password_file")
         return self
 
 
@@ -93,10 +99,7 @@ class SentinelSettings(_Strict):
     @model_validator(mode="after")
     def _has_key(self) -> SentinelSettings:
         if self.key_file is not None:
-            try:
-                self.key = self.key_file.read_text().strip()
-            except OSError as e:
-                raise ValueError(f"key_file: cannot read {self.key_file}: {e.strerror}") from None
+            self.key = _secret(self.key_file, "key_file")
         if not self.key:
             raise ValueError(f"key: set key or key_file (make one: holdover keygen {self.id})")
         problem = protocol.key_problem(self.key)
@@ -266,13 +269,11 @@ class DongleSettings(_Strict):
     )
     cap_interval: float = Field(10.0, gt=0, le=3600, description="seconds between two counts")
 
-    def password_value(self) -> str:
+    @model_validator(mode="after")
+    def _password_file(self) -> DongleSettings:
         if self.password_file is not None:
-            try:
-                return self.password_file.read_text().strip()
-            except OSError:
-                return ""
-        return self.password
+            self.password = _secret(self.password_file, "password_file")
+        return self
 
 
 class AlertChannelSettings(_Strict):

@@ -8,14 +8,12 @@ reader without privileges can rely on for every MII change.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from holdover.journal import Event
+from holdover.events import Polling
 from holdover.settings import BondingSettings
 
 log = logging.getLogger("holdover.bonding")
@@ -45,26 +43,17 @@ def read(proc: Path) -> dict[str, dict[str, str]]:
     return out
 
 
-class BondWatch:
+class BondWatch(Polling):
     """A Reaction that raises bond_slave_down / bond_slave_up host events on each change."""
 
     def __init__(self, settings: BondingSettings, emit: Callable[[str, dict[str, Any]], object]) -> None:
         self.s = settings
+        self.interval = settings.interval
         self.emit = emit
         self.known: dict[tuple[str, str], str] = {}
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def on_event(self, event: Event) -> None:
-        pass
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def look(self) -> None:
+        self.check()
 
     def check(self) -> None:
         """One look at the bonds; an event for every slave whose state changed (or that is down
@@ -81,11 +70,3 @@ class BondWatch:
                 kind = SLAVE_UP if up else SLAVE_DOWN
                 (log.info if up else log.warning)("%s: bond %s slave %s is %s", kind, bond, slave, status)
                 self.emit(kind, {"bond": bond, "slave": slave, "mii": status, "up": ", ".join(left) or "no slave"})
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.check()
-            except Exception:  # a strange file must not end the watch
-                log.exception("bonding watch round failed")
-            await asyncio.sleep(self.s.interval)

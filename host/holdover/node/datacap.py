@@ -8,14 +8,14 @@ kernel's counters) loses nothing already counted.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from holdover.journal import Event, Journal
+from holdover.events import Polling
+from holdover.journal import Journal
 from holdover.node.dongle import Dongle, DongleError
 from holdover.node.failover import Failover
 from holdover.settings import DongleSettings
@@ -39,7 +39,7 @@ def month_of(ts: float) -> str:
     return time.strftime("%Y-%m", time.localtime(ts))
 
 
-class DataCap:
+class DataCap(Polling):
     """A Reaction: counts, alerts through host events, bars the backup at the cap."""
 
     def __init__(
@@ -58,19 +58,10 @@ class DataCap:
         self.dongle = dongle
         self.clock = clock
         self.uplink = next(u for u in failover.uplinks if u.name == settings.uplink)
-        self._task: asyncio.Task[None] | None = None
+        self.interval = settings.cap_interval
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def on_event(self, event: Event) -> None:
-        pass
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def look(self) -> None:
+        await self.check()
 
     async def check(self) -> dict[str, Any]:
         """Count once, alert and bar as the share says; what was found."""
@@ -105,11 +96,3 @@ class DataCap:
         barred = cap > 0 and share >= 1.0 and self.s.at_cap == "alert_only"
         self.failover.bar(self.uplink.name, barred, "its data cap is used up" if barred else "")
         return {"month": month, "kernel_bytes": kernel, "dongle_bytes": stick, "used": used, "share": share}
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.check()
-            except Exception:  # a counter that cannot be read this time must not end the count
-                log.exception("data cap check failed")
-            await asyncio.sleep(self.s.cap_interval)

@@ -63,7 +63,7 @@ class Dongle:
         from huawei_lte_api.Client import Client
         from huawei_lte_api.Connection import Connection
 
-        user, password = self.s.username or None, self.s.password_value() or None
+        user, password = self.s.username or None, self.s.password or None
         conn = Connection(self.s.url, username=user, password=password, timeout=self.s.timeout)
         return conn, Client(conn)
 
