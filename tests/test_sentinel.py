@@ -171,12 +171,19 @@ def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
 # --- the USB serial channel -----------------------------------------------------------------------
 
 
+def _serial_open(rig: Rig) -> bool:
+    """Every serial link of the bridge open; False before its loop has made them (all() of none is
+    True, and the port's open drains whatever was written before it)."""
+    links = rig.bridge.bridge.serial if rig.bridge else []
+    return bool(links) and all(s.connected.is_set() for s in links)
+
+
 def test_serial_only_delivery_with_the_wlan_down_then_deduplicated(rig_factory) -> None:
     rig = rig_factory(serial=True)
     rig.wait("boot", 15)
     # A UART keeps nothing for a reader that is not there: cut only once the bridge holds the port.
     assert rig.bridge is not None
-    wait_for(lambda: all(s.connected.is_set() for s in rig.bridge.bridge.serial), 10, "the serial port open")
+    wait_for(lambda: _serial_open(rig), 10, "the serial port open")
     wait_for(lambda: rig.control.send(get="state")["state"]["outbox_bytes"] == 0, 15, "boot event receipted")
     rig.control.send(wlan=False)
     t0 = time.monotonic()
@@ -209,7 +216,7 @@ def test_a_garbled_serial_line_is_rejected_by_name(tmp_path: Path) -> None:
         conn, _ = srv.accept()
         # Opening a port flushes its input (pyserial does, as a UART driver does): talk once it is open.
         assert rig.bridge is not None
-        wait_for(lambda: all(s.connected.is_set() for s in rig.bridge.bridge.serial), 10, "the serial port open")
+        wait_for(lambda: _serial_open(rig), 10, "the serial port open")
         good = protocol.encode(protocol.Signer(rig.key), rig.sid, "b00t", 1, 5, None, "heartbeat", {})
         conn.sendall(b"ets Jun  8 2016 00:22:57\r\n# 12 a log line\n{garbage\n")
         conn.sendall(good[:40] + b"\x00\xff" + good[42:] + b"\n" + good + b"\n")
