@@ -12,6 +12,7 @@ in the bridge's dispatch.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -163,7 +164,7 @@ class Reaction(Protocol):
         """Finish or cancel what is in flight; called when the bridge stops."""
 
 
-class Polling:
+class Polling(abc.ABC):
     """A Reaction whose work is a look every `interval` seconds on a task of its own (the bonds,
     the data used); events pass it by. A look that fails is logged and the next one runs."""
 
@@ -173,7 +174,7 @@ class Polling:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._every())
 
-    def on_event(self, event: Event) -> None:
+    def on_event(self, event: Event) -> None:  # noqa: B027 - a watch ignores events on purpose
         pass
 
     async def close(self) -> None:
@@ -182,8 +183,9 @@ class Polling:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    @abc.abstractmethod
     async def look(self) -> None:
-        raise NotImplementedError
+        """One look; what it finds it says through host events."""
 
     async def _every(self) -> None:
         while True:

@@ -44,6 +44,17 @@ def _secret(path: Path, key: str) -> str:
         raise ValueError(f"{key}: cannot read {path}: {e.strerror}") from None
 
 
+class _PasswordFromFile(_Strict):
+    """For sections with `password` and `password_file`: the file, when given, is read at load."""
+
+    @model_validator(mode="after")
+    def _password_file(self) -> _PasswordFromFile:
+        path = getattr(self, "password_file", None)
+        if path is not None:
+            self.password = _secret(path, "password_file")
+        return self
+
+
 def _as_path(v: object) -> object:
     return Path(v) if isinstance(v, str) else v
 
@@ -52,7 +63,7 @@ def _as_path(v: object) -> object:
 ConfigPath = Annotated[Path, BeforeValidator(_as_path)]
 
 
-class MqttSettings(_Strict):
+class MqttSettings(_PasswordFromFile):
     host: str = Field("127.0.0.1", description="the broker (Mosquitto on the LAN, reachable when the WAN is down)")
     port: int = Field(1883, ge=1, le=65535, description="the broker's port")
     username: str = Field("", description="the bridge's broker user (holdover broker-config makes one)")
@@ -65,12 +76,6 @@ class MqttSettings(_Strict):
     ha_commands: bool = Field(
         True, description="forward Home Assistant's ON/OFF on holdover/<id>/relay/set as signed commands"
     )
-
-    @model_validator(mode="after")
-    def _password_file(self) -> MqttSettings:
-        if self.password_file is not None:
-            self.password = _secret(self.password_file, "password_file")
-        return self
 
 
 class SerialSettings(_Strict):
@@ -252,7 +257,7 @@ class BondingSettings(_Strict):
 SMS_SCHEME = "dongle-sms://"  # an alert channel sent as SMS by the [dongle], not by apprise
 
 
-class DongleSettings(_Strict):
+class DongleSettings(_PasswordFromFile):
     """A Huawei HiLink 4G stick (E3372h, E8372h): its state and signal, data used, SMS."""
 
     enabled: bool = Field(False, description="watch a HiLink dongle")
@@ -268,12 +273,6 @@ class DongleSettings(_Strict):
         "alert_only", description="at the cap: stay on it, or alert only and keep traffic on the primary"
     )
     cap_interval: float = Field(10.0, gt=0, le=3600, description="seconds between two counts")
-
-    @model_validator(mode="after")
-    def _password_file(self) -> DongleSettings:
-        if self.password_file is not None:
-            self.password = _secret(self.password_file, "password_file")
-        return self
 
 
 class AlertChannelSettings(_Strict):
