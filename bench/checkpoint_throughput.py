@@ -1,174 +1,374 @@
-"""Checkpoint write throughput: holdover's writer against the raw device limit and the article's recipe.
+"""Checkpoint write, verify and resume against the device's own ceiling, and against peers, in one run.
 
-One run, same disk, page cache dropped before each case (needs root; without it the figures say
-"cache not dropped"). State: a transformer-shaped model (24 blocks) of fp32 weights plus Adam's two
-moments, about 6 GB at the default size. Cases:
+Same disk, same bytes, page cache dropped before every timed case (root; `--no-drop-caches` on a
+shared machine, which makes read figures warm). Every save is timed from request to durable (all
+files and the directory fsync'd inside the clock). Cases, each repeated and interleaved (medians):
 
-  raw      O_DIRECT sequential write of the same byte count from an aligned buffer + fsync (the limit)
-  article  torch.save of one file + fsync, then MD5 of the file read back (the source article)
-  ours     holdover.train.state.save: request to durable, hashed manifest
-  read     O_DIRECT sequential read of the raw file (the limit for verification)
-  verify   holdover.train.ckpt.verify of our checkpoint, cold (resume-side check)
+  ceiling    the device's parallel O_DIRECT limit, the way fio finds it: a grid of jobs x queue depth
+             (one file per job, 64 MiB blocks, end fsync), best median write and best median read.
+             fio when installed; otherwise (and alongside, to show they agree) the same grid in
+             Python: one thread per outstanding request, pwrite/preadv on O_DIRECT descriptors.
+  ours       holdover.train.state.save (chunked, parallel O_DIRECT, XXH3-128 per chunk, manifest)
+  verify     holdover.train.ckpt.verify: every byte read back from the media and checked
+  resume     holdover.train.state.load in a fresh process (what Guard.resume runs), imports outside the clock
+  dcp        torch.distributed.checkpoint.save, FileSystemWriter(thread_count=4)
+  st x4      safetensors save_file per shard on 4 threads + fsync (holdover's shards, no hash)
+  article    torch.save of one file + fsync, then MD5 of the file read back
+  emergency  Guard: request -> step boundary -> done (pinned, rotation after `done`) -> verify, as
+             the bridge does; against the ceiling's time to write plus read the same bytes
 
-Prints MB/s and the ratio to `raw` for each. Usage:
-    .venv/bin/python bench/checkpoint_throughput.py [--gb 6] [--dir /var/tmp/holdover-bench] [--threads 4] [--repeats 3]
+States: `model:GB` (a transformer-shaped fp32 model with Adam's two moments) and `huge:GB` (one
+tensor). Peers run on the first state only.
+
+    .venv/bin/python bench/checkpoint_throughput.py [--states model:4,model:0.1,huge:2] [--repeats 3]
+        [--dir /var/tmp/holdover-bench] [--no-drop-caches] [--no-peers] [--no-fio]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import mmap
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from holdover.train import ckpt, state
+from holdover.train.guard import Guard
+
+BLOCK = 64 << 20
+GRID = [(1, 1), (1, 4), (4, 2), (4, 4)]  # (jobs, queue depth): the best cells of fio's 3x3 grid here
 
 
-def drop_caches() -> bool:
-    subprocess.run(["sync"], check=True)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
+class Cache:
+    def __init__(self, drop: bool) -> None:
+        self.drop = drop
+        self.warm = not drop
+
+    def __call__(self) -> None:
+        subprocess.run(["sync"], check=True)
+        if not self.drop:
+            return
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        except OSError:
+            self.warm = True
 
 
-def build(gb: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    # weights = gb/3 (Adam keeps two more copies); 24 blocks of qkv, proj, fc1, fc2 -> 12 h^2 per block.
-    params = gb * 1e9 / 3 / 4
-    hidden = int((params / 24 / 12) ** 0.5)
+def build(kind: str, gb: float) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
     torch.manual_seed(0)
-    blocks = []
-    for _ in range(24):
-        blocks.append(
-            torch.nn.ModuleDict(
-                {
-                    "qkv": torch.nn.Linear(hidden, 3 * hidden, bias=False),
-                    "proj": torch.nn.Linear(hidden, hidden, bias=False),
-                    "fc1": torch.nn.Linear(hidden, 4 * hidden, bias=False),
-                    "fc2": torch.nn.Linear(4 * hidden, hidden, bias=False),
-                    "ln": torch.nn.LayerNorm(hidden),
-                }
-            )
+    if kind == "huge":
+        model = torch.nn.ParameterDict({"w": torch.nn.Parameter(torch.randn(int(gb * 1e9 / 4)))})
+        return model, None
+    # weights = gb/3 (Adam keeps two more copies); 24 blocks of qkv, proj, fc1, fc2 -> 12 h^2 per block.
+    hidden = int((gb * 1e9 / 3 / 4 / 24 / 12) ** 0.5)
+    blocks = [
+        torch.nn.ModuleDict(
+            {
+                "qkv": torch.nn.Linear(hidden, 3 * hidden, bias=False),
+                "proj": torch.nn.Linear(hidden, hidden, bias=False),
+                "fc1": torch.nn.Linear(hidden, 4 * hidden, bias=False),
+                "fc2": torch.nn.Linear(4 * hidden, hidden, bias=False),
+                "ln": torch.nn.LayerNorm(hidden),
+            }
         )
+        for _ in range(24)
+    ]
     model = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList(blocks)})
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     for p in model.parameters():
-        # Incompressible, non-zero moments without a 2 GB backward pass.
-        p.grad = torch.randn_like(p)
+        p.grad = torch.randn_like(p)  # incompressible, non-zero moments without a backward pass
     opt.step()
     for p in model.parameters():
         p.grad = None
     return model, opt
 
 
-def raw_direct(path: Path, nbytes: int) -> float:
-    buf = mmap.mmap(-1, ckpt.CHUNK)
-    buf.write(os.urandom(ckpt.CHUNK))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+# --- the ceiling --------------------------------------------------------------------------------
+
+
+def fio(work: Path, rw: str, jobs: int, depth: int, nbytes: int) -> float:
+    """fio's own rate (bytes / job runtime, end_fsync included for writes) in bytes/s."""
+    per_job = -(-nbytes // jobs // BLOCK) * BLOCK
+    cmd = ["fio", f"--name=c{jobs}", f"--directory={work}", f"--rw={rw}", f"--bs={BLOCK}", f"--size={per_job}"]
+    cmd += [f"--numjobs={jobs}", f"--iodepth={depth}", "--ioengine=libaio", "--direct=1", "--group_reporting"]
+    cmd += ["--fallocate=none", "--output-format=json"] + (["--end_fsync=1"] if rw == "write" else [])
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return float(out["jobs"][0]["read" if rw == "read" else "write"]["bw_bytes"])
+
+
+def py_grid(work: Path, rw: str, jobs: int, depth: int, nbytes: int) -> float:
+    """The same cell in Python: `depth` threads per job file, each with its own aligned block."""
+    per_job = -(-nbytes // jobs // BLOCK) * BLOCK
+    flags = (os.O_WRONLY | os.O_CREAT if rw == "write" else os.O_RDONLY) | os.O_DIRECT
+    fds = [os.open(work / f"p{jobs}.{j}", flags, 0o644) for j in range(jobs)]
+    bufs = []
+    for _ in range(jobs * depth):
+        m = mmap.mmap(-1, BLOCK)
+        if rw == "write":
+            m.write(os.urandom(BLOCK))
+        bufs.append(m)
+    jobs_left = [(fd, off) for off in range(0, per_job, BLOCK) for fd in fds]
+    lock = threading.Lock()
+
+    def worker(buf: mmap.mmap) -> None:
+        view = memoryview(buf)
+        while True:
+            with lock:
+                if not jobs_left:
+                    break
+                fd, off = jobs_left.pop(0)
+            if rw == "write":
+                os.pwrite(fd, view, off)
+            else:
+                os.preadv(fd, [view], off)
+        view.release()
+
     t0 = time.perf_counter()
-    off = 0
-    view = memoryview(buf)
-    while off < nbytes:
-        off += os.pwrite(fd, view, off)
-    os.fsync(fd)
+    threads = [threading.Thread(target=worker, args=(b,)) for b in bufs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if rw == "write":
+        for fd in fds:
+            os.fsync(fd)
     dt = time.perf_counter() - t0
-    os.close(fd)
-    view.release()
-    return dt
+    for fd in fds:
+        os.close(fd)
+    return per_job * jobs / dt
 
 
-def raw_direct_read(path: Path) -> float:
-    buf = mmap.mmap(-1, ckpt.CHUNK)
-    view = memoryview(buf)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+def ceiling(work: Path, nbytes: int, repeats: int, cache: Cache, use_fio: bool) -> dict[str, dict[str, float]]:
+    """Best median over the grid, for write and read, by tool ("fio" and "python")."""
+    tools = {"python": py_grid}
+    if use_fio and shutil.which("fio"):
+        tools["fio"] = fio
+    rates: dict[tuple[str, str, int, int], list[float]] = {}
+    for _ in range(repeats):
+        for jobs, depth in GRID:
+            for name, fn in tools.items():
+                for rw in ("write", "read"):  # the read uses the files the write just made
+                    cache()
+                    rates.setdefault((name, rw, jobs, depth), []).append(fn(work, rw, jobs, depth, nbytes))
+                for p in work.iterdir():
+                    p.unlink()
+    best: dict[str, dict[str, float]] = {}
+    for (name, rw, jobs, depth), r in rates.items():
+        m = statistics.median(r)
+        if m > best.get(name, {}).get(rw, 0):
+            best.setdefault(name, {})[rw] = m
+            best[name][f"{rw}_cell"] = jobs * 100 + depth
+    return best
+
+
+# --- the cases ----------------------------------------------------------------------------------
+
+
+def first_touch(nbytes: int, threads: int = 8) -> float:
+    """Bytes/s at which this machine hands out fresh memory (page faults, zeroing) on `threads`
+    threads: a loader in a fresh process cannot place the bytes faster than this."""
+    import ctypes
+
+    m = mmap.mmap(-1, nbytes)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    step = 32 << 20
+    offsets = list(range(0, nbytes, step))
+
+    def touch(k: int) -> None:
+        for off in offsets[k::threads]:
+            ctypes.memset(base + off, 1, min(step, nbytes - off))
+
     t0 = time.perf_counter()
-    off = 0
-    while n := os.preadv(fd, [view], off):
-        off += n
+    pool = [threading.Thread(target=touch, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
     dt = time.perf_counter() - t0
-    os.close(fd)
-    view.release()
-    return dt
+    m.close()
+    return nbytes / dt
 
 
-def article(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def fresh_load(d: Path) -> float:
+    code = (
+        "import sys, time; from holdover.train import state; import torch\n"
+        "t0 = time.perf_counter(); state.load(sys.argv[1]); print(time.perf_counter() - t0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(d)], check=True, capture_output=True, text=True)
+    return float(out.stdout.split()[-1])
+
+
+def fsync_tree(d: Path) -> None:
+    for p in d.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+    ckpt.fsync_dir(d)
+
+
+def dcp_save(d: Path, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    sd = {"model": model.state_dict()} | ({"optim": opt.state_dict()} if opt else {})
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(d), thread_count=4))
+    ckpt.fsync_dir(d)
+
+
+def st_save(d: Path, cap: state.Captured) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from safetensors.torch import save_file
+
+    d.mkdir()
+
+    def one(shard: ckpt.Shard) -> None:
+        path = d / shard.name
+        save_file({t.name.replace("/", "."): t.keepalive for t in shard.tensors}, str(path))
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, cap.shards))
+    ckpt.fsync_dir(d)
+
+
+def article(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
     with open(path, "wb") as f:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict() if opt else {}}, f)
         f.flush()
         os.fsync(f.fileno())
     h = hashlib.md5()
     with open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             h.update(chunk)
-    return time.perf_counter() - t0
+
+
+def emergency(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> tuple[float, float]:
+    """Seconds from request to `done`, and to a verified checkpoint (the bridge's verify)."""
+    g = Guard(
+        root, "bench", model=model, optimizer=opt, signal=None, registry_dir=root / "reg", keep=1, log=lambda m: None
+    )
+    t0 = time.perf_counter()
+    rid = g.request("mains_lost")
+    g.step_end(1)  # the step boundary comes at once here; in a run it is at most one step away
+    done = time.perf_counter() - t0
+    req = g._requests[rid]
+    assert req["state"] == "done", req
+    ckpt.verify(req["dir"])
+    return done, time.perf_counter() - t0
+
+
+def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) -> list[str]:
+    kind, _, gb = spec.partition(":")
+    model, opt = build(kind, float(gb))
+    cap = state.capture(model, opt)
+    nbytes = cap.nbytes
+    count = sum(len(s.tensors) for s in cap.shards)
+    print(f"\n== {spec}: {nbytes / 1e9:.2f} GB in {len(cap.shards)} shards, {count} tensors")
+    work = args.dir / "ceiling"
+    work.mkdir(parents=True)
+    best = ceiling(work, nbytes, args.repeats, cache, not args.no_fio)
+    shutil.rmtree(work)
+    # The higher of the two tools in each direction: the device can do at least that.
+    ref = {rw: max(b[rw] for b in best.values()) for rw in ("write", "read")}
+    for name, b in best.items():
+        w, r = int(b["write_cell"]), int(b["read_cell"])
+        print(
+            f"ceiling ({name}): write {b['write'] / 1e6:.0f} MB/s ({w // 100} jobs x qd {w % 100}), "
+            f"direct read {b['read'] / 1e6:.0f} MB/s ({r // 100} jobs x qd {r % 100})"
+        )
+    if "fio" in best:
+        print(
+            f"python grid / fio: write {best['python']['write'] / best['fio']['write']:.2f}, "
+            f"read {best['python']['read'] / best['fio']['read']:.2f}"
+        )
+    times: dict[str, list[float]] = {}
+    em: list[tuple[float, float]] = []
+    touch: list[float] = []
+    d = args.dir / "ours" / ckpt.step_dirname(1)
+    for _ in range(args.repeats):
+        cache()
+        times.setdefault("ours: save", []).append(timed(lambda: state.save(args.dir / "ours", 1, model, opt)))
+        cache()
+        times.setdefault("ours: verify", []).append(timed(lambda: ckpt.verify(d)))
+        cache()
+        times.setdefault("ours: resume (fresh process)", []).append(fresh_load(d))
+        touch.append(first_touch(nbytes))
+        shutil.rmtree(args.dir / "ours")
+        cache()
+        em.append(emergency(args.dir / "em", model, opt))
+        shutil.rmtree(args.dir / "em")
+        if peers:
+            cache()
+            times.setdefault("DCP, thread_count=4: save", []).append(
+                timed(lambda: dcp_save(args.dir / "dcp", model, opt))
+            )
+            shutil.rmtree(args.dir / "dcp")
+            cache()
+            times.setdefault("safetensors x4 threads: save", []).append(timed(lambda: st_save(args.dir / "st", cap)))
+            shutil.rmtree(args.dir / "st")
+    if peers:
+        cache()
+        times["article: torch.save + fsync + MD5"] = [timed(lambda: article(args.dir / "a.pt", model, opt))]
+        (args.dir / "a.pt").unlink()
+    lines = [f"{'case (median)':38} {'runs':>4} {'s':>7} {'MB/s':>7} {'/ ceiling':>9}"]
+    for name, ts in times.items():
+        dt = statistics.median(ts)
+        rate = nbytes / dt
+        limit = ref["read"] if ("verify" in name or "resume" in name) else ref["write"]
+        lines.append(f"{name:38} {len(ts):4} {dt:7.2f} {rate / 1e6:7.0f} {rate / limit:9.2f}")
+    lines.append(
+        f"fresh memory, first touch on 8 threads: {statistics.median(touch) / 1e6:.0f} MB/s "
+        "(a loader in a new process places its bytes no faster)"
+    )
+    done = statistics.median(e[0] for e in em)
+    verified = statistics.median(e[1] for e in em)
+    floor = nbytes / ref["write"] + nbytes / ref["read"]
+    lines.append(
+        f"emergency: request -> done {done:.2f} s, -> verified {verified:.2f} s; the ceiling writes and reads "
+        f"these bytes in {floor:.2f} s: {verified / floor:.2f}x (median of {len(em)})"
+    )
+    print("\n".join(lines))
+    return lines
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gb", type=float, default=6.0, help="state size in GB (weights + Adam moments)")
+    ap.add_argument("--states", default="model:4,model:0.1,huge:2", help="kind:GB,... (kind: model or huge)")
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp/holdover-bench"))
-    ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--skip-article", action="store_true", help="leave out the slow torch.save+MD5 case")
+    ap.add_argument("--no-drop-caches", action="store_true", help="for shared machines: read figures become warm")
+    ap.add_argument("--no-peers", action="store_true", help="leave out DCP, safetensors and torch.save")
+    ap.add_argument("--no-fio", action="store_true", help="the ceiling from the Python grid only")
     args = ap.parse_args()
-    work = args.dir
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    model, opt = build(args.gb)
-    cap = state.capture(model, opt, threads=args.threads)
-    nbytes = cap.nbytes
-    ntensors = sum(len(s.tensors) for s in cap.shards)
-    print(f"state: {nbytes / 1e9:.2f} GB in {len(cap.shards)} shards, {ntensors} tensors")
-    del cap
-    times: dict[str, list[float]] = {}
-    sizes: dict[str, int] = {}
-    dropped = True
-
-    def record(name: str, dt: float, n: int) -> None:
-        times.setdefault(name, []).append(dt)
-        sizes[name] = n
-
+    cache = Cache(not args.no_drop_caches)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    args.dir.mkdir(parents=True)
     try:
-        # Interleaved repeats and medians: on this VM one case's throughput swings by 2x between runs.
-        for _ in range(args.repeats):
-            dropped &= drop_caches()
-            record("raw O_DIRECT + fsync", raw_direct(work / "raw.bin", nbytes), nbytes)
-            dropped &= drop_caches()
-            record("raw O_DIRECT read (limit for verify)", raw_direct_read(work / "raw.bin"), nbytes)
-            (work / "raw.bin").unlink()
-            dropped &= drop_caches()
-            t0 = time.perf_counter()
-            d, manifest = state.save(work / "ours", 1, model, opt, threads=args.threads)
-            record(f"ours: {args.threads} threads, xxh3-128, manifest", time.perf_counter() - t0, manifest.nbytes)
-            dropped &= drop_caches()
-            t0 = time.perf_counter()
-            ckpt.verify(d, threads=args.threads)
-            record("ours: verify on resume (cold)", time.perf_counter() - t0, manifest.nbytes)
-            shutil.rmtree(d)
-        if not args.skip_article:
-            dropped &= drop_caches()
-            record("article: torch.save + fsync + MD5", article(work / "a.pt", model, opt), nbytes)
-            (work / "a.pt").unlink()
+        for i, spec in enumerate(args.states.split(",")):
+            run_state(spec, args, cache, peers=i == 0 and not args.no_peers)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    rows = [(name, statistics.median(ts), sizes[name], len(ts)) for name, ts in times.items()]
-    base = rows[0][2] / rows[0][1]
-    print(f"{'case (median of runs)':44} {'runs':>4} {'GB':>6} {'s':>7} {'MB/s':>7} {'ratio':>6}")
-    for name, dt, n, k in rows:
-        rate = n / dt
-        print(f"{name:44} {k:4} {n / 1e9:6.2f} {dt:7.2f} {rate / 1e6:7.0f} {rate / base:6.2f}")
-    if not dropped:
-        print("note: the page cache could not be dropped (not root); cold figures are warm")
+        shutil.rmtree(args.dir, ignore_errors=True)
+    if cache.warm:
+        print("note: the page cache was not dropped; read figures are warm")
     return 0
 
 

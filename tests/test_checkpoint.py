@@ -138,19 +138,44 @@ def test_kill_9_mid_save_leaves_the_previous_checkpoint_intact(tmp_path: Path) -
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_full_disk_is_a_clear_error_and_the_previous_checkpoint_survives(tmp_path: Path) -> None:
+def test_full_disk_is_refused_before_writing_and_the_previous_checkpoint_survives(tmp_path: Path) -> None:
     mnt = tmp_path / "small"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
     try:
         small = torch.nn.Linear(64, 64)
         prev, _ = state.save(mnt, 1, small)  # tmpfs refuses O_DIRECT: this is the buffered path
+        free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
         big = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])  # ~2 MB
-        with pytest.raises(ckpt.CheckpointError, match=r"disk full writing .*shard_\d+\.safetensors.*untouched"):
+        with pytest.raises(
+            ckpt.CheckpointError,
+            match=rf"disk full: the checkpoint needs \d+ bytes, {free} are free in .*; nothing was written",
+        ):
             state.save(mnt, 2, big)
-        assert ckpt.candidates(mnt) == [prev]
+        assert sorted(p.name for p in mnt.iterdir()) == [prev.name]  # no partial files at all
+        assert os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize == free
         assert ckpt.verify(prev).step == 1
-        assert not [p for p in mnt.iterdir() if p.name.startswith(ckpt.TMP_PREFIX)]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_mid_save_names_the_file_and_the_space_free_before(tmp_path: Path) -> None:
+    # Room enough for the bytes, but the filesystem runs out of inodes while the files are made:
+    # a real ENOSPC after the pre-flight check passed (as when another writer fills the disk).
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=8", "tmpfs", str(mnt)], check=True)
+    try:
+        prev, _ = state.save(mnt, 1, torch.nn.Linear(64, 64))
+        free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+        many = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(12)])
+        with pytest.raises(
+            ckpt.CheckpointError, match=rf"disk full writing .*{free} were free in .* before the attempt"
+        ):
+            state.save(mnt, 2, many, shard_bytes=70_000)
+        assert sorted(p.name for p in mnt.iterdir()) == [prev.name]
+        assert ckpt.verify(prev).step == 1
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
 

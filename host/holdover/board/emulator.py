@@ -80,8 +80,12 @@ class Emulator:
         serial: tuple[str, int] | None = None,
         reset_cause: str = "power_on",
         ticks_start: int = 0,
+        firmware: Path | None = None,
     ) -> None:
         self.config = Path(config)
+        # A board's own files (what `holdover deploy` copied there), found before the emulator's
+        # build: the emulated board then runs exactly those, on its own board layer.
+        self.firmware = Path(firmware) if firmware else None
         self.control = control
         self.serial = serial
         self.first_cause = reset_cause
@@ -119,7 +123,8 @@ class Emulator:
     def run(self) -> int:
         """Run until the firmware stops for good; returns the interpreter's exit code."""
         # The frozen modules (asyncio among them) are found through ".frozen".
-        env = dict(os.environ, MICROPYPATH=f"{self.build}:.frozen")
+        path = [str(self.firmware.resolve())] if self.firmware else []
+        env = dict(os.environ, MICROPYPATH=":".join([*path, str(self.build), ".frozen"]))
         cause = self.first_cause
         while True:
             self.boots += 1

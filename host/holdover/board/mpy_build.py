@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import holdover.firmware
 from holdover import proc
+from holdover.board import manifest
 
 # Run as scripts, never imported: the board's boot runs main.py as source, the emulator emu_main.py.
 ENTRY_POINTS = ("main.py", "emu_main.py")
@@ -25,12 +25,12 @@ class BuildError(RuntimeError):
     pass
 
 
-def firmware_dir() -> Path:
-    return Path(holdover.firmware.__file__).parent
+firmware_dir = manifest.firmware_dir
 
 
 def modules() -> list[Path]:
-    return sorted(p for p in firmware_dir().glob("*.py") if p.name != "__init__.py")
+    """What the emulator runs: the board's modules (firmware/manifest.py) and its own board layer."""
+    return sorted([m.path for m in manifest.read()] + [firmware_dir() / n for n in manifest.EMULATOR_ONLY])
 
 
 def mpy_cross_binary() -> str:

@@ -57,7 +57,7 @@ class Guard:
         registry_dir: Path | str | None = None,
         keep: int = 3,
         interval: AdaptiveInterval | int | None = None,
-        threads: int = 4,
+        threads: int = ckpt.THREADS,
         shard_bytes: int | None = None,
         warmup_steps: int = 0,
         drift_check_steps: int = 20,
@@ -308,7 +308,9 @@ class Guard:
         # Asked for (by the bridge, a signal or request()): pinned, so periodic rotation keeps it.
         pin = kind == "emergency"
         try:
-            directory, manifest = self.save(step, extra, reason=",".join(reasons), progress=progress, pin=pin)
+            directory, manifest = self.save(
+                step, extra, reason=",".join(reasons), progress=progress, pin=pin, prune=False
+            )
         except Exception as e:  # a failed save must not kill the run: the bridge still has gcore
             self._update(rids, state="failed", error=str(e))
             self.warnings.append(str(e))
@@ -323,6 +325,9 @@ class Guard:
             bytes_total=manifest.nbytes,
             bytes_done=manifest.nbytes,
         )
+        # Only now: deleting an old checkpoint (0.5 s for 4 GB) must not delay the `done` the
+        # bridge is waiting for inside the battery's runtime.
+        self._prune(directory)
         if self.interval:
             self.interval.saved(step, self.last_loss, seconds)
         if any(self._requests[r].get("after") == "exit" for r in rids):
@@ -335,8 +340,10 @@ class Guard:
         reason: str = "manual",
         progress: ckpt.Progress | None = None,
         pin: bool = False,
+        prune: bool = True,
     ) -> tuple[Path, ckpt.Manifest]:
-        """Write a checkpoint now (the loop must be between steps); `pin` keeps it out of rotation."""
+        """Write a checkpoint now (the loop must be between steps); `pin` keeps it out of rotation;
+        `prune=False` leaves the rotation to the caller (`_prune`)."""
         meta = {
             "name": self.name,
             "reason": reason,
@@ -359,13 +366,19 @@ class Guard:
         seconds = time.monotonic() - t0
         if pin:
             ckpt.pin(directory, reason)
-        with contextlib.suppress(OSError):
-            ckpt.prune(self.root, self.keep, protect=[directory])
+        if prune:
+            self._prune(directory)
         self.reg.last_save = registry.LastSave(
             step, str(directory), manifest.nbytes, round(seconds, 4), time.time(), reason
         )
         self._publish()
         return directory, manifest
+
+    def _prune(self, newest: Path) -> None:
+        try:
+            ckpt.prune(self.root, self.keep, protect=[newest])
+        except OSError as e:
+            self.log(f"holdover: could not remove old checkpoints in {self.root}: {e}")
 
     def _save_torch(
         self, step: int, extra: dict[str, Any] | None, meta: dict[str, Any], progress: ckpt.Progress | None
@@ -387,19 +400,26 @@ class Guard:
 
     # --- resume ---------------------------------------------------------------------------------------
 
-    def resume(self) -> int:
-        """Load the newest checkpoint that verifies into model/optimizer/scheduler/RNG; returns its step (0 if none).
+    def resume(self, fresh_if_damaged: bool = False) -> int:
+        """Load the newest checkpoint that verifies into model/optimizer/scheduler/RNG; returns its
+        step (0 when there is no checkpoint at all).
 
-        Damaged checkpoints are skipped with a message naming the file.
+        Damaged checkpoints newer than the one loaded are set aside (``damaged-step_…``, kept, never
+        counted by `keep`) with a message naming the file. When there are checkpoints and every one
+        is damaged, raises CheckpointError naming each and why, and moves nothing: starting again
+        from step 0 is the caller's choice (`fresh_if_damaged=True`), never a silent one.
         """
         from holdover.train import state
 
+        damaged: list[tuple[Path, str]] = []
         for directory in ckpt.candidates(self.root):
             try:
-                loaded = state.load(directory)
+                loaded = state.load(directory, self.threads)
             except ckpt.CheckpointError as e:
                 self.log(f"holdover: skipping damaged checkpoint {directory.name}: {e}")
+                damaged.append((directory, str(e)))
                 continue
+            self._set_aside(damaged)
             state.apply(loaded, self.model, self.optimizer, self.scheduler)
             self.resumed_step = loaded.step
             self.extra = loaded.train.get("extra", {})
@@ -410,8 +430,23 @@ class Guard:
                 self.interval.last_save_step = loaded.step
             self.log(f"holdover: resumed {self.name} from {directory} (step {loaded.step})")
             return loaded.step
+        if damaged and not fresh_if_damaged:
+            lines = "".join(f"\n  {d.name}: {why}" for d, why in damaged)
+            raise ckpt.CheckpointError(
+                f"every checkpoint in {self.root} is damaged, so the run would restart from step 0:{lines}\n"
+                "resume(fresh_if_damaged=True) starts fresh (they are then set aside, not deleted)"
+            )
+        self._set_aside(damaged)
         self.extra = {}
         return 0
+
+    def _set_aside(self, damaged: list[tuple[Path, str]]) -> None:
+        for directory, why in damaged:
+            try:
+                where = ckpt.set_aside(directory, why)
+                self.log(f"holdover: set aside {directory.name} as {where.name} (kept for inspection)")
+            except OSError as e:
+                self.log(f"holdover: could not set aside {directory}: {e}")
 
     def _check_drift(self, norm: float) -> None:
         if self._stored_norms is None or self.resumed_step is None:

@@ -92,7 +92,7 @@ def capture(
     extra: dict[str, Any] | None = None,
     step: int = 0,
     shard_bytes: int | None = None,
-    threads: int = 4,
+    threads: int = ckpt.THREADS,
 ) -> Captured:
     """Describe the whole training state as shards (no copy on CPU) plus a JSON part."""
     groups: dict[str, list[ckpt.Tensor]] = {}
@@ -168,7 +168,7 @@ def save(
     scheduler: Any = None,
     extra: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
-    threads: int = 4,
+    threads: int = ckpt.THREADS,
     shard_bytes: int | None = None,
     progress: ckpt.Progress | None = None,
 ) -> tuple[Path, ckpt.Manifest]:
@@ -189,15 +189,17 @@ class Loaded:
         return int(self.train.get("step", self.manifest.step))
 
 
-def load(directory: Path | str) -> Loaded:
-    """Read and verify every file of one checkpoint in one pass; raises CheckpointError naming a bad file."""
+def load(directory: Path | str, threads: int = ckpt.THREADS) -> Loaded:
+    """Read and verify every file of one checkpoint in one pass (the parallel reader `ckpt.verify`
+    uses); the tensors are built on the very buffers that were checked. Raises CheckpointError
+    naming a bad file."""
     directory = Path(directory)
-    manifest = ckpt.read_manifest(directory)
+    manifest, bufs = ckpt.read_all(directory, threads)
     tensors: dict[str, torch.Tensor] = {}
     train: dict[str, Any] = {}
     for entry in manifest.files:
         path = directory / entry.name
-        buf = ckpt.read_file(path, entry)
+        buf = bufs[entry.name]
         if entry.name == TRAIN_JSON:
             try:
                 train = json.loads(bytes(buf[: entry.size]))

@@ -1,0 +1,222 @@
+"""The chunked parallel writer and reader, and the faults around them (real files, real fsyncs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import xxhash
+
+from holdover.train import ckpt, state
+from holdover.train.guard import Guard
+
+
+def _tensor(name: str, nbytes: int, seed: int) -> ckpt.Tensor:
+    return ckpt.Tensor.from_buffer(
+        name,
+        "U8",
+        [nbytes],
+        torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+        .numpy()
+        .tobytes(),
+    )
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+        os.fsync(f.fileno())
+
+
+def test_one_huge_tensor_and_many_small_ones_round_trip_bit_for_bit(tmp_path: Path) -> None:
+    huge = _tensor("huge", 21 << 20, 1)  # one tensor spanning several chunks
+    small = [_tensor(f"s{i}", 1000 + 37 * i, 10 + i) for i in range(300)]  # and many below a block
+    shards = [ckpt.Shard("shard_000.safetensors", [huge]), ckpt.Shard("shard_001.safetensors", small)]
+    d, manifest = ckpt.save(tmp_path, 5, shards, blobs={"train.json": b'{"step": 5}'}, threads=4)
+    big = next(f for f in manifest.files if f.name == "shard_000.safetensors")
+    assert big.chunk == ckpt.MIN_CHUNK and len(big.chunks) == -(-big.size // big.chunk) >= 5
+    assert big.hash == ckpt.combine(big.chunks)
+    for threads in (1, 3, 8):
+        _, bufs = ckpt.read_all(d, threads=threads)
+        for shard in shards:
+            header, start = ckpt.parse_header(bufs[shard.name], d / shard.name)
+            for t in shard.tensors:
+                b, e = header[t.name]["data_offsets"]
+                assert bytes(bufs[shard.name][start + b : start + e]) == bytes(t.keepalive), (threads, t.name)
+        assert bytes(bufs["train.json"][:11]) == b'{"step": 5}'
+    # The reference reader agrees: still plain safetensors.
+    from safetensors.numpy import load_file
+
+    assert load_file(str(d / "shard_000.safetensors"))["huge"].tobytes() == bytes(huge.keepalive)
+
+
+def test_a_flipped_byte_in_any_chunk_is_caught_and_named(tmp_path: Path) -> None:
+    d, manifest = ckpt.save(tmp_path, 1, [ckpt.Shard("shard_000.safetensors", [_tensor("w", 18 << 20, 2)])])
+    entry = manifest.files[0]
+    path = d / entry.name
+    for i in range(len(entry.chunks)):
+        offset = min(i * entry.chunk + entry.chunk // 2, entry.size - 1)
+        _flip(path, offset)
+        lo = i * entry.chunk
+        with pytest.raises(ckpt.CheckpointError, match=rf"{entry.name}: hash mismatch \(bytes {lo}-"):
+            ckpt.verify(d)
+        _flip(path, offset)  # back as it was
+        assert ckpt.verify(d).step == 1
+
+
+def test_a_format_1_checkpoint_still_verifies_and_loads(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(300, 300), torch.nn.Linear(300, 10))
+    d, _ = state.save(tmp_path, 4, model)
+    m = json.loads((d / ckpt.MANIFEST).read_text())
+    m["format"] = "holdover-ckpt/1"
+    for f in m["files"]:
+        f["hash"] = xxhash.xxh3_128((d / f["name"]).read_bytes()).hexdigest()
+        del f["chunk"], f["chunks"]
+    (d / ckpt.MANIFEST).write_text(json.dumps(m))
+    assert ckpt.verify(d).step == 4
+    assert torch.equal(state.load(d).tensors["1.weight"], model[1].weight)
+    _flip(d / m["files"][0]["name"], 5000)
+    with pytest.raises(ckpt.CheckpointError, match="hash mismatch"):
+        ckpt.verify(d)
+
+
+def test_resume_with_several_threads_loads_exactly_what_was_saved(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(6)])
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 512)).sum().backward()
+    opt.step()
+    state.save(tmp_path, 9, model, opt, threads=8)
+    fresh = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(6)])
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    g = Guard(tmp_path, "t", model=fresh, optimizer=fresh_opt, signal=None, registry_dir=tmp_path / "r", threads=5)
+    assert g.resume() == 9
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    a, b = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _leftover(root: Path, tag: str, size: int = 2_200_000) -> Path:
+    d = root / f"{ckpt.TMP_PREFIX}step_000000009-{tag}"
+    d.mkdir()
+    (d / "shard_000.safetensors").write_bytes(os.urandom(size))
+    return d
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_dead_writers_leftovers_are_reclaimed_only_when_space_is_short(small_fs: Path) -> None:
+    host = socket.gethostname()
+    shard = [ckpt.Shard("shard_000.safetensors", [_tensor("w", 1_000_000, 3)])]
+    dead = _leftover(small_fs, f"{_dead_pid()}@{host}")
+    ckpt.save(small_fs, 1, [ckpt.Shard("shard_000.safetensors", [_tensor("w", 100_000, 4)])])
+    assert dead.exists()  # room enough: kept (prune after a save removes it, not a pre-flight)
+    d, _ = ckpt.save(small_fs, 2, shard)  # 1 MB more does not fit beside it: it goes
+    assert not dead.exists() and ckpt.verify(d).step == 2
+
+
+def test_a_living_writers_temporary_dir_is_never_taken(small_fs: Path) -> None:
+    shard = [ckpt.Shard("shard_000.safetensors", [_tensor("w", 1_000_000, 3)])]
+    ckpt.save(small_fs, 1, [ckpt.Shard("shard_000.safetensors", [_tensor("w", 100_000, 4)])])
+    # Either one taken would make room: the save must still be refused.
+    mine = _leftover(small_fs, f"{os.getpid()}@{socket.gethostname()}", 1_200_000)
+    other_host = _leftover(
+        small_fs, f"{_dead_pid()}@elsewhere.example", 1_200_000
+    )  # a shared disk: its pid means nothing here
+    with pytest.raises(ckpt.CheckpointError, match=r"disk full: .* nothing was written"):
+        ckpt.save(small_fs, 2, shard)
+    assert mine.exists() and other_host.exists()
+
+
+def _guard(root: Path, model: torch.nn.Module, log: list[str], keep: int = 2) -> Guard:
+    return Guard(root, "t", model=model, signal=None, registry_dir=root / "reg", keep=keep, log=log.append)
+
+
+def _damage(d: Path) -> None:
+    shard = sorted(d.glob("shard_*.safetensors"))[0]
+    _flip(shard, shard.stat().st_size // 2)
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_not_counted_by_keep(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    model = torch.nn.Linear(200, 200)
+    log: list[str] = []
+    g = _guard(root, model, log)
+    d1, _ = g.save(1)
+    d2, _ = g.save(2)
+    _damage(d2)
+    g2 = _guard(root, torch.nn.Linear(200, 200), log)
+    assert g2.resume() == 1
+    aside = root / f"{ckpt.DAMAGED_PREFIX}{d2.name}"
+    assert aside.is_dir() and "hash mismatch" in (aside / "DAMAGED").read_text()
+    assert ckpt.candidates(root) == [d1]
+    g2.save(3)
+    g2.save(4)  # keep=2: the two good newest stay, the damaged one is neither kept nor deleted
+    assert [ckpt.read_manifest(p).step for p in ckpt.candidates(root)] == [4, 3]
+    assert aside.is_dir()
+
+
+def test_when_every_checkpoint_is_damaged_resume_raises_naming_each(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    log: list[str] = []
+    g = _guard(root, torch.nn.Linear(100, 100), log)
+    dirs = [g.save(s)[0] for s in (1, 2)]
+    for d in dirs:
+        _damage(d)
+    (dirs[0] / ckpt.MANIFEST).write_text("{cut")
+    g2 = _guard(root, torch.nn.Linear(100, 100), log)
+    with pytest.raises(ckpt.CheckpointError) as err:
+        g2.resume()
+    text = str(err.value)
+    assert f"{dirs[1].name}: " in text and "hash mismatch" in text
+    assert f"{dirs[0].name}: " in text and "manifest is not valid" in text
+    assert ckpt.candidates(root) == dirs[::-1]  # nothing moved without the caller's say
+    assert g2.resume(fresh_if_damaged=True) == 0
+    assert ckpt.candidates(root) == [] and len(list(root.glob(f"{ckpt.DAMAGED_PREFIX}*"))) == 2
+
+
+def test_pruning_waits_until_the_request_is_done_and_spares_the_emergency_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "ck"
+    log: list[str] = []
+    g = _guard(root, torch.nn.Linear(100, 100), log, keep=1)
+    g.save(1)
+    g.save(2)
+    seen: list[str] = []
+    real = ckpt.prune
+
+    def spy(*a: object, **kw: object) -> list[Path]:  # the request as the bridge saw it when the prune began
+        seen.append(g._requests["r1"]["state"])
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ckpt, "prune", spy)
+    g.request("mains_lost", "r1")
+    g.step_end(3)
+    assert seen == ["done"]
+    steps = {ckpt.read_manifest(p).step: ckpt.pinned(p) for p in ckpt.candidates(root)}
+    assert steps == {3: True, 2: False}  # keep=1 of the rotation, and the pinned emergency save
