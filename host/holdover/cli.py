@@ -256,6 +256,119 @@ def check_config(
 
 
 @app.command()
+def flash(
+    image: Path = typer.Argument(..., help="A full MicroPython image for the board (the .bin from micropython.org)."),
+    port: str | None = typer.Option(
+        None, "--port", "-p", help="The board's serial port; default: the one ESP32 board on USB."
+    ),
+    chip: str = typer.Option(
+        "auto", "--chip", help="auto (from the image), esp32, esp32s2, esp32s3, esp32c3 or esp32c6."
+    ),
+    erase: bool = typer.Option(True, "--erase/--no-erase", help="Erase the whole flash first (the board's files too)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print what would be done and the esptool commands; touch nothing."
+    ),
+) -> None:
+    """Write MicroPython to an ESP32 board with esptool, refusing an image built for another chip."""
+    import shlex
+
+    from holdover.board import flash as flash_mod
+
+    try:
+        plan = flash_mod.plan(image, port, chip, erase, dry_run=dry_run)
+    except flash_mod.FlashError as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(2) from None
+    for line in plan.describe():
+        typer.echo(line)
+    if dry_run:
+        typer.echo("the same by hand:")
+        for argv in plan.esptool_argv():
+            typer.echo("  " + shlex.join(argv))
+        typer.echo("dry run: nothing was done")
+        return
+    try:
+        flash_mod.flash(plan, say=typer.echo)
+    except flash_mod.FlashError as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"done: next, holdover deploy --port {plan.port.device} --board config.json")
+
+
+@app.command()
+def deploy(
+    board: Path = typer.Option(..., "--board", "-b", help="The board's config.json (checked first)."),
+    port: str | None = typer.Option(
+        None, "--port", "-p", help="The board's serial port; default: the one ESP32 board on USB."
+    ),
+    follow_s: float = typer.Option(20.0, "--follow", help="Seconds to watch the console after the reset."),
+) -> None:
+    """Check the config, compile the firmware for its chip, copy both (mpremote), check every file's
+    hash on the board, reset it and watch it reach its broker."""
+    from holdover.board import deploy as deploy_mod
+    from holdover.board import flash as flash_mod
+
+    try:
+        device = flash_mod.pick_port(port).device
+        result = deploy_mod.deploy(device, board, say=typer.echo, follow_seconds=follow_s)
+    except (flash_mod.FlashError, deploy_mod.DeployError) as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not result.reached_broker:
+        raise typer.Exit(3)
+
+
+@app.command()
+def console(
+    port: str | None = typer.Option(
+        None, "--port", "-p", help="The board's serial port; default: the one ESP32 board on USB."
+    ),
+    board: Path | None = typer.Option(
+        None, "--board", "-b", help="The board's config.json: its key checks the events."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="Or the bridge's TOML config: every sentinel's key."
+    ),
+    seconds: float | None = typer.Option(None, "--seconds", help="Stop after this long (default: until Ctrl-C)."),
+) -> None:
+    """Show a board's USB serial console: log lines, and signed events checked with the sentinel's key."""
+    import json as json_mod
+
+    from holdover.board import console as console_mod
+    from holdover.board import flash as flash_mod
+
+    keys: dict[str, bytes] = {}
+    try:
+        if config is not None:
+            keys.update(settings_mod.load(config).keys())
+        if board is not None:
+            cfg = json_mod.loads(board.read_text())
+            keys[str(cfg.get("sentinel_id"))] = str(cfg.get("key", "")).encode()
+        device = flash_mod.pick_port(port).device
+    except (settings_mod.ConfigError, flash_mod.FlashError, OSError, ValueError) as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{device}: Ctrl-C to stop", err=True)
+    style = {"log": "", "event": "bold", "rejected": "bold red", "other": "dim"}
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console(highlight=False)
+    try:
+        console_mod.follow(
+            device,
+            lambda s: out.print(f"[{style[s.kind]}]{escape(s.text)}[/]" if style[s.kind] else escape(s.text)),
+            keys,
+            seconds,
+        )
+    except console_mod.ConsoleError as e:
+        typer.echo(f"holdover: {e}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
 def relay(
     sentinel: str = typer.Argument(..., help="The sentinel's id."),
     op: str = typer.Argument(..., help="on, off or pulse."),

@@ -62,10 +62,12 @@ def boards(ports: Iterable[Any] | None = None) -> list[Port]:
     return sorted(found, key=lambda p: p.device)
 
 
-def pick_port(port: str | None, ports: Iterable[Any] | None = None) -> Port:
+def pick_port(port: str | None, ports: Iterable[Any] | None = None, missing_ok: bool = False) -> Port:
     if port:
         return Port(port, "given with --port")
     found = boards(ports)
+    if not found and missing_ok:
+        return Port("PORT", "no board on USB now: plug it in, or pass --port")
     if not found:
         known = ", ".join(f"{v:04x}:{p:04x}" for v, p in USB_IDS)
         raise FlashError(f"no ESP32 board found on USB (looked for {known}); plug one in or pass --port")
@@ -131,6 +133,7 @@ class Plan:
     image: Image
     erase: bool = True
     baud: int = BAUD
+    connect_attempts: int = 7  # esptool's default: resets into the ROM loader, tried again
 
     def esptool_argv(self) -> list[list[str]]:
         """The esptool command lines that do the same by hand."""
@@ -156,7 +159,12 @@ class Plan:
 
 
 def plan(
-    image_path: Path, port: str | None, chip: str = "auto", erase: bool = True, ports: Iterable[Any] | None = None
+    image_path: Path,
+    port: str | None,
+    chip: str = "auto",
+    erase: bool = True,
+    ports: Iterable[Any] | None = None,
+    dry_run: bool = False,
 ) -> Plan:
     """What a flash would do, from the image and the arguments alone (no board needed)."""
     image = read_image(image_path)
@@ -164,7 +172,7 @@ def plan(
         if chip not in CHIPS:
             raise FlashError(f"--chip {chip}: not one of auto, {_supported()}")
         check_chip(image, CHIPS[chip])
-    return Plan(pick_port(port, ports), CHIPS[chip] if chip != "auto" else image.chip, image, erase)
+    return Plan(pick_port(port, ports, missing_ok=dry_run), CHIPS[chip] if chip != "auto" else image.chip, image, erase)
 
 
 def flash(p: Plan, say: Callable[[str], None] = print) -> None:
@@ -172,7 +180,7 @@ def flash(p: Plan, say: Callable[[str], None] = print) -> None:
     from esptool.cmds import attach_flash, detect_chip, erase_flash, reset_chip, run_stub, verify_flash, write_flash
 
     try:
-        with detect_chip(p.port.device, p.baud) as esp:
+        with detect_chip(p.port.device, p.baud, connect_attempts=p.connect_attempts) as esp:
             found = by_name(esp.CHIP_NAME)
             if found is None:
                 raise FlashError(f"{p.port.device}: the board is an {esp.CHIP_NAME}, not one holdover supports")

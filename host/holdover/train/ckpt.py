@@ -259,7 +259,6 @@ class _Out:
         self.chunk = chunk
         self.count = max(1, -(-offset // chunk))
         self.hashes: list[str] = [""] * self.count
-        self.left = self.count
         self.fd = -1
         self.direct = False
         self.keep = keep  # the header / blob buffers the pieces point into
@@ -444,12 +443,6 @@ def save(
             with lock:
                 done_bytes += k
                 d = done_bytes
-                f.left -= 1
-                last = f.left == 0
-            if last:
-                if f.direct and f.size % ALIGN:
-                    os.ftruncate(f.fd, f.size)
-                os.fsync(f.fd)
             if progress:
                 progress(d, total)
         except OSError as e:
@@ -460,6 +453,13 @@ def save(
             for f in files:
                 f.fd, f.direct = _open_for_write(f.path, direct)
             _run_jobs(_interleaved(files), threads, chunk, work, keep=True)
+            # Durable only now, all together: an fsync while other threads still write forces a
+            # journal commit their block allocations wait behind (measured: +5 % this way). The
+            # first fsync commits the allocations of every file; the others find nothing left.
+            for f in files:
+                if f.direct and f.size % ALIGN:
+                    os.ftruncate(f.fd, f.size)
+                os.fsync(f.fd)
         except OSError as e:
             raise _explain(e, tmp, total, root, free_before) from None
         finally:
