@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from holdover.board import chips, console, deploy, manifest, mpy_build
+from holdover.cli import app
 from holdover.firmware import protocol
 from holdover.lab.broker import Broker
 from holdover.lab.rawrepl import RawReplBoard, boot_emulated_sentinel
@@ -60,7 +63,7 @@ def _board_config(tmp_path: Path, broker: Broker, **over: object) -> Path:
 
 def test_deploy_copies_checks_resets_and_sees_the_sentinel_reach_its_broker(tmp_path: Path) -> None:
     with Broker(workdir=tmp_path / "broker") as broker:
-        cfg = _board_config(tmp_path, broker)
+        cfg = _board_config(tmp_path, broker, heartbeat_s=1)
         board = RawReplBoard(tmp_path / "board", boot=boot_emulated_sentinel).start()
         try:
             # An earlier source deploy left sentinel.py: MicroPython would import it before sentinel.mpy.
@@ -77,6 +80,10 @@ def test_deploy_copies_checks_resets_and_sees_the_sentinel_reach_its_broker(tmp_
             assert json.loads((board.root / "config.json").read_text())["sentinel_id"] == "desk"
             assert any(s.startswith("log ") and "mqtt connected to" in s for s in said), said
             assert board.execs > len(uploads) and board.resets >= 2  # the soft reset, then machine.reset()
+            # The running sentinel's console, as `holdover console` shows it: heartbeats checked with its key.
+            r = CliRunner().invoke(app, ["console", "--port", board.device, "--board", str(cfg), "--seconds", "4"])
+            assert r.exit_code == 0, r.output
+            assert re.search(r"event desk #\d+ heartbeat .*\(signature ok\)", r.output), r.output
         finally:
             board.close()
 

@@ -233,10 +233,10 @@ def test_20_percent_loss_on_the_primary_is_no_failover_unless_every_target_is_re
             await asyncio.sleep(seconds)
             await fo.close()
 
-        asyncio.run(scenario(20))  # bench/failover.py holds 10 % and 20 % for 60 s each
+        asyncio.run(scenario(12))  # bench/failover.py holds 10 % and 20 % for 60 s each
         h = fo.health["wan"]
         assert got == [] and h.up is True, (got, h)
-        assert 0.12 < h.lost / h.sent < 0.28, (h.lost, h.sent)  # the loss was real: ~20 % of ~150 probes
+        assert 0.08 < h.lost / h.sent < 0.35, (h.lost, h.sent)  # the loss was real: ~20 % of ~90 probes (3 sigma)
 
         # The same loss, but a round needs all three targets: now it is a flapping alarm. The rule
         # across targets is what keeps the route still, not luck.

@@ -85,18 +85,18 @@ def test_one_dead_target_of_three_raises_nothing_and_all_dead_is_lost_within_3s(
         dns.close()
 
 
-def test_half_a_minute_of_20_percent_probe_loss_on_every_target_raises_nothing(rig_factory) -> None:
+def test_15_s_of_20_percent_probe_loss_on_every_target_raises_nothing(rig_factory) -> None:
     servers = [UdpServer(dns_answer, drop=0.2, seed=i) for i in range(3)]
     targets = [{"kind": "dns", "host": "127.0.0.1", "port": u.port, "name": f"r{i}"} for i, u in enumerate(servers)]
     try:
         rig = rig_factory(firmware=_uplink(targets))
         rig.wait("boot", 15)
         wait_for(lambda: rig.control.send(get="state")["state"]["uplink"] in ("up", "degraded"), 10, "uplink up")
-        time.sleep(30)  # bench/uplink_detect.py holds it for 5 min; this keeps the suite short
+        time.sleep(15)  # bench/uplink_detect.py holds it for 5 min; this keeps the suite short
         st = rig.control.send(get="state")["state"]
         assert rig.count("uplink_lost") == 0, st
         asked = sum(u.requests for u in servers)
-        assert asked >= 3 * 50  # two rounds a second for half a minute
+        assert asked >= 3 * 25  # two rounds a second for 15 s
         dropped = sum(u.dropped for u in servers)
         assert 0.12 < dropped / asked < 0.28, (dropped, asked)  # the loss was real
     finally:

@@ -72,6 +72,7 @@ class RawReplBoard:
         self.boot = boot  # called on machine.reset(): start the firmware, feeding console() and stop()
         self.master, self.slave = os.openpty()
         tty.setraw(self.slave)
+        os.set_blocking(self.master, False)
         self.device = os.ttyname(self.slave)
         self.mode = "friendly"
         self.code = bytearray()
@@ -104,15 +105,19 @@ class RawReplBoard:
     # --- what the booted firmware uses -------------------------------------------------------
 
     def console(self, data: bytes) -> None:
-        """Bytes the firmware writes to its USB serial port."""
-        self._write(data)
+        """Bytes the firmware writes to its USB serial port; with nobody reading the port and its
+        buffer full they are lost, as a UART's are (a blocked writer would stall the firmware)."""
+        with self._lock, contextlib.suppress(OSError):  # BlockingIOError included: the buffer is full
+            os.write(self.master, data)
 
     # --- the protocol -----------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
+        # The REPL's answers: the host is reading them, so waiting for room is bounded.
+        deadline = time.monotonic() + 5
         with self._lock:
             view = memoryview(data)
-            while view:
+            while view and time.monotonic() < deadline:
                 try:
                     view = view[os.write(self.master, view) :]
                 except BlockingIOError:

@@ -224,6 +224,20 @@ def _open_for_write(path: Path, direct: bool) -> tuple[int, bool]:
     return os.open(path, flags, 0o644), False
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _preallocate(fd: int, length: int) -> None:
+    """Give the file its blocks (and size) before the chunks arrive. Writes inside the size are
+    not extending writes, which ext4 serialises per file (the inode lock held for the whole
+    I/O): one huge tensor's chunks then go down in parallel (measured: +14 % for a 2 GB tensor).
+    fallocate(2) itself, not posix_fallocate, which writes zeros where it is not supported."""
+    if length and _libc.fallocate(fd, 0, ctypes.c_long(0), ctypes.c_long(length)) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise OSError(err, os.strerror(err))
+
+
 def chunk_size(total: int, threads: int) -> int:
     """Chunk length for a save of `total` bytes: several chunks per thread, so no thread idles on
     a small state, but no smaller than MIN_CHUNK (each request has a fixed cost)."""
@@ -452,6 +466,8 @@ def save(
         try:
             for f in files:
                 f.fd, f.direct = _open_for_write(f.path, direct)
+                if f.direct:
+                    _preallocate(f.fd, -(-f.size // ALIGN) * ALIGN)
             _run_jobs(_interleaved(files), threads, chunk, work, keep=True)
             # Durable only now, all together: an fsync while other threads still write forces a
             # journal commit their block allocations wait behind (measured: +5 % this way). The
