@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -220,3 +221,16 @@ def ntfy():
     n = Ntfy().start()
     yield n
     n.stop()
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, options: str) -> Iterator[Path]:
+    """A tmpfs of a few MB (or a few inodes) mounted at `where`: a disk that really fills. Root only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)

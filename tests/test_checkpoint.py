@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import Toy, losses
+from conftest import Toy, losses, small_tmpfs
 from holdover.train import ckpt, registry, state
 from holdover.train.guard import Guard
 from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, drift
@@ -137,12 +137,8 @@ def test_kill_9_mid_save_leaves_the_previous_checkpoint_intact(tmp_path: Path) -
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(ckpt.TMP_PREFIX)]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_full_disk_is_refused_before_writing_and_the_previous_checkpoint_survives(tmp_path: Path) -> None:
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small", "size=1m") as mnt:
         small = torch.nn.Linear(64, 64)
         prev, _ = state.save(mnt, 1, small)  # tmpfs refuses O_DIRECT: this is the buffered path
         free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
@@ -155,18 +151,12 @@ def test_full_disk_is_refused_before_writing_and_the_previous_checkpoint_survive
         assert sorted(p.name for p in mnt.iterdir()) == [prev.name]  # no partial files at all
         assert os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize == free
         assert ckpt.verify(prev).step == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_full_disk_mid_save_names_the_file_and_the_space_free_before(tmp_path: Path) -> None:
     # Room enough for the bytes, but the filesystem runs out of inodes while the files are made:
     # a real ENOSPC after the pre-flight check passed (as when another writer fills the disk).
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=8", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small", "size=8m,nr_inodes=8") as mnt:
         prev, _ = state.save(mnt, 1, torch.nn.Linear(64, 64))
         free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
         many = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(12)])
@@ -176,8 +166,6 @@ def test_full_disk_mid_save_names_the_file_and_the_space_free_before(tmp_path: P
             state.save(mnt, 2, many, shard_bytes=70_000)
         assert sorted(p.name for p in mnt.iterdir()) == [prev.name]
         assert ckpt.verify(prev).step == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 # --- the hook in a real training process ----------------------------------------------------------

@@ -7,12 +7,14 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import xxhash
 
+from conftest import small_tmpfs
 from holdover.train import ckpt, state
 from holdover.train.guard import Guard
 
@@ -25,6 +27,13 @@ def _tensor(name: str, nbytes: int, seed: int) -> ckpt.Tensor:
         torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
         .numpy()
         .tobytes(),
+    )
+
+
+def _bytes_read() -> int:
+    """What this process's read calls have returned so far (all threads): /proc/self/io's rchar."""
+    return int(
+        next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("rchar")).split()[1]
     )
 
 
@@ -46,7 +55,10 @@ def test_one_huge_tensor_and_many_small_ones_round_trip_bit_for_bit(tmp_path: Pa
     assert big.chunk == ckpt.MIN_CHUNK and len(big.chunks) == -(-big.size // big.chunk) >= 5
     assert big.hash == ckpt.combine(big.chunks)
     for threads in (1, 3, 8):
+        before = _bytes_read()
         _, bufs = ckpt.read_all(d, threads=threads)
+        # Each byte read once: a chunk's read stops at its own end, not a whole window beyond it.
+        assert _bytes_read() - before < manifest.nbytes + 64 * ckpt.ALIGN, threads
         for shard in shards:
             header, start = ckpt.parse_header(bufs[shard.name], d / shard.name)
             for t in shard.tensors:
@@ -106,14 +118,9 @@ def test_resume_with_several_threads_loads_exactly_what_was_saved(tmp_path: Path
 
 
 @pytest.fixture
-def small_fs(tmp_path: Path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    with small_tmpfs(tmp_path / "small", "size=3m") as mnt:
+        yield mnt
 
 
 def _leftover(root: Path, tag: str, size: int = 2_200_000) -> Path:

@@ -621,7 +621,9 @@ def _read_chunk(f: _In, i: int, st: _Staging | None) -> None:
     try:
         while off < b:
             if f.buf is not None:
-                window = f.buf.view[off : min(off + CHUNK, f.buf.size)]
+                # Up to this chunk's end (block-rounded), never into the next chunk: that one is
+                # another thread's, and reading it here too would read it twice.
+                window = f.buf.view[off : min(off + CHUNK, -(-b // ALIGN) * ALIGN, f.buf.size)]
             else:
                 assert st is not None
                 window = st.view[: min(CHUNK, -(-(b - off) // ALIGN) * ALIGN)]
