@@ -332,8 +332,6 @@ def console(
     seconds: float | None = typer.Option(None, "--seconds", help="Stop after this long (default: until Ctrl-C)."),
 ) -> None:
     """Show a board's USB serial console: log lines, and signed events checked with the sentinel's key."""
-    import json as json_mod
-
     from holdover.board import console as console_mod
     from holdover.board import flash as flash_mod
 
@@ -342,8 +340,7 @@ def console(
         if config is not None:
             keys.update(settings_mod.load(config).keys())
         if board is not None:
-            cfg = json_mod.loads(board.read_text())
-            keys[str(cfg.get("sentinel_id"))] = str(cfg.get("key", "")).encode()
+            keys.update(console_mod.board_keys(json.loads(board.read_text())))
         device = flash_mod.pick_port(port).device
     except (settings_mod.ConfigError, flash_mod.FlashError, OSError, ValueError) as e:
         typer.echo(f"holdover: {e}", err=True)

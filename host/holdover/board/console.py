@@ -23,6 +23,11 @@ class Shown:
     kind: str  # "log", "event", "rejected", "other"
 
 
+def board_keys(cfg: dict) -> dict[str, bytes]:
+    """The key a board's own config.json holds, by its sentinel id: enough to check its lines."""
+    return {str(cfg.get("sentinel_id", "")): str(cfg["key"]).encode()} if cfg.get("key") else {}
+
+
 def readable(line: str, keys: dict[str, bytes] | None = None) -> Shown:
     line = line.rstrip("\r\n")
     if line.startswith(protocol.LOG):

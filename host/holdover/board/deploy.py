@@ -18,7 +18,7 @@ from pathlib import Path
 
 from holdover.board import chips, manifest, mpy_build
 from holdover.board.config_check import check_file
-from holdover.board.console import Shown, follow, open_port
+from holdover.board.console import Shown, board_keys, follow, open_port
 
 CONFIG = "config.json"  # where the firmware reads its config on the board
 REACHED = "mqtt connected to"  # the firmware's log line once the broker accepted it
@@ -73,9 +73,8 @@ def deploy(
     from mpremote.transport_serial import SerialTransport
 
     uploads, cfg = prepare(config)
-    sid = cfg.get("sentinel_id", "")
-    keys = keys if keys is not None else ({sid: cfg["key"].encode()} if cfg.get("key") else {})
-    say(f"{len(uploads)} files for {cfg.get('chip', 'esp32')}, config for sentinel {sid!r}")
+    keys = keys if keys is not None else board_keys(cfg)
+    say(f"{len(uploads)} files for {cfg.get('chip', 'esp32')}, config for sentinel {cfg.get('sentinel_id')!r}")
     removed: list[str] = []
     try:
         t = SerialTransport(port, baudrate=115200)

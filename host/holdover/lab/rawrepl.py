@@ -30,6 +30,7 @@ from holdover import proc
 from holdover.board.emulator import micropython_binary
 
 BANNER = b"raw REPL; CTRL-B to exit\r\n"
+FRIENDLY = b"\r\nMicroPython on the holdover raw-REPL peer\r\n>>> "  # the friendly REPL's prompt
 WINDOW = 128  # raw-paste window, as a small board announces it
 RESET_EXIT = 42
 
@@ -139,7 +140,7 @@ class RawReplBoard:
         if self.running is not None:
             if b == 0x03:  # Ctrl-C stops the program, as on the board
                 self._halt_firmware()
-                self._write(b"\r\nKeyboardInterrupt: \r\nMicroPython on the holdover raw-REPL peer\r\n>>> ")
+                self._write(b"\r\nKeyboardInterrupt: " + FRIENDLY)
                 self.mode = "friendly"
             elif self.to_firmware:
                 self.to_firmware(bytes([b]))
@@ -167,7 +168,7 @@ class RawReplBoard:
             self._write(b"\r\n" + BANNER + b">")
         elif b == 0x02:  # Ctrl-B: friendly REPL
             self.mode = "friendly"
-            self._write(b"\r\nMicroPython on the holdover raw-REPL peer\r\n>>> ")
+            self._write(FRIENDLY)
         elif b == 0x03:
             self.code.clear()
             if self.mode == "friendly":
@@ -230,7 +231,7 @@ class RawReplBoard:
         self.mode = "friendly"
         self.resets += 1
         if self.boot is None:
-            self._write(b"\r\nMicroPython on the holdover raw-REPL peer\r\n>>> ")
+            self._write(FRIENDLY)
             return
         self.boot(self)
 

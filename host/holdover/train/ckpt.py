@@ -260,7 +260,7 @@ class _Out:
     so any thread can write any chunk of any file without waiting for another.
     """
 
-    def __init__(self, path: Path, parts: list[tuple[int, int]], chunk: int, keep: Any) -> None:
+    def __init__(self, path: Path, parts: list[tuple[int, int]], keep: Any) -> None:
         self.path = path
         self.pieces: list[tuple[int, int, int]] = []
         offset = 0
@@ -270,24 +270,33 @@ class _Out:
                 offset += n
         self.starts = [p[0] for p in self.pieces]
         self.size = offset
-        self.chunk = chunk
-        self.count = max(1, -(-offset // chunk))
-        self.hashes: list[str] = [""] * self.count
+        self.chunk = self.count = 0
+        self.hashes: list[str] = []
         self.fd = -1
         self.direct = False
         self.keep = keep  # the header / blob buffers the pieces point into
 
     @classmethod
-    def shard(cls, directory: Path, shard: Shard, chunk: int) -> _Out:
+    def shard(cls, directory: Path, shard: Shard) -> _Out:
         header = _header(shard)
         hbuf = ctypes.create_string_buffer(header, len(header))
         parts = [(ctypes.addressof(hbuf), len(header))] + [(t.address, t.nbytes) for t in shard.tensors]
-        return cls(directory / shard.name, parts, chunk, (hbuf, shard))
+        return cls(directory / shard.name, parts, (hbuf, shard))
 
     @classmethod
-    def blob(cls, directory: Path, name: str, data: bytes, chunk: int) -> _Out:
+    def blob(cls, directory: Path, name: str, data: bytes) -> _Out:
         buf = ctypes.create_string_buffer(data, len(data))
-        return cls(directory / name, [(ctypes.addressof(buf), len(data))], chunk, buf)
+        return cls(directory / name, [(ctypes.addressof(buf), len(data))], buf)
+
+    def cut(self, chunk: int) -> None:
+        self.chunk = chunk
+        self.count = max(1, -(-self.size // chunk))
+        self.hashes = [""] * self.count
+
+    @property
+    def on_disk(self) -> int:
+        """Room it takes: whole blocks, and one more for the filesystem's own bookkeeping."""
+        return -(-self.size // ALIGN) * ALIGN + ALIGN
 
     def gather(self, i: int, dst: int) -> int:
         """Copy chunk i's bytes to address dst; returns its length."""
@@ -324,9 +333,10 @@ def _write_chunk(f: _Out, i: int, st: _Staging) -> int:
     return n
 
 
-def _interleaved(files: Sequence[_Out]) -> list[tuple[_Out, int]]:
-    """Chunk jobs, round robin over the files (largest first): threads running at the same moment
-    mostly write different files, which filesystems that serialise writers per inode prefer."""
+def _interleaved(files: Sequence[Any]) -> list[tuple[Any, int]]:
+    """Chunk jobs (a file being written or read, a chunk index), round robin over the files
+    (largest first): threads running at the same moment mostly work on different files, which
+    filesystems that serialise writers per inode prefer."""
     order = sorted(files, key=lambda f: -f.size)
     return [(f, r) for r in range(max((f.count for f in order), default=0)) for f in order if r < f.count]
 
@@ -431,8 +441,6 @@ def save(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    total = sum(s.nbytes for s in shards) + sum(len(b) for b in (blobs or {}).values())
-    free_before = _make_room(root, _room_needed(shards, blobs or {}))
     final = root / step_dirname(step)
     n = 1
     while final.exists():
@@ -440,12 +448,17 @@ def save(
         n += 1
         final = root / f"{step_dirname(step)}.{n}"
     tmp = root / f"{TMP_PREFIX}{final.name}-{_writer_tag()}"
+    files = [_Out.shard(tmp, s) for s in shards]
+    files += [_Out.blob(tmp, name, data) for name, data in (blobs or {}).items()]
+    total = sum(f.size for f in files)  # what progress counts: headers included
+    chunk = chunk_size(total, threads)
+    for f in files:
+        f.cut(chunk)
+    # Two more blocks for the manifest.
+    free_before = _make_room(root, sum(f.on_disk for f in files) + 2 * ALIGN)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    chunk = chunk_size(total, threads)
-    files = [_Out.shard(tmp, s, chunk) for s in shards]
-    files += [_Out.blob(tmp, name, data, chunk) for name, data in (blobs or {}).items()]
     lock = threading.Lock()
     done_bytes = 0
 
@@ -496,13 +509,6 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final, manifest
-
-
-def _room_needed(shards: Sequence[Shard], blobs: dict[str, bytes]) -> int:
-    """Bytes the save will take on disk: every file rounded up to whole blocks, plus the manifest."""
-    sizes = [len(_header(s)) + s.nbytes for s in shards] + [len(b) for b in blobs.values()]
-    # One more block per file for the filesystem's own bookkeeping, and two for the manifest.
-    return sum(-(-n // ALIGN) * ALIGN + ALIGN for n in sizes) + 2 * ALIGN
 
 
 def _writer_tag() -> str:
@@ -652,9 +658,7 @@ def _read(directory: Path, threads: int, direct: bool, whole: bool) -> tuple[Man
                 files[-1].fd, _ = _open_for_read(files[-1].path, direct)
             except OSError as e:
                 raise CheckpointError(f"{files[-1].path}: cannot open: {e.strerror or e}") from None
-        order = sorted(files, key=lambda f: -f.size)
-        jobs = [(f, r) for r in range(max((f.count for f in order), default=0)) for f in order if r < f.count]
-        _run_jobs(jobs, threads, 0 if whole else CHUNK, lambda job, st: _read_chunk(job[0], job[1], st))
+        _run_jobs(_interleaved(files), threads, 0 if whole else CHUNK, lambda job, st: _read_chunk(job[0], job[1], st))
     except BaseException:
         for f in files:
             if f.buf is not None:
