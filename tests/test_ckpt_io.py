@@ -117,6 +117,49 @@ def test_resume_with_several_threads_loads_exactly_what_was_saved(tmp_path: Path
     assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
 
 
+def test_staging_buffers_go_round_least_recently_used_first_and_never_to_two_jobs(monkeypatch) -> None:
+    import threading
+    import time
+
+    monkeypatch.setattr(ckpt, "STAGING", 4 * ckpt.ALIGN)
+    monkeypatch.setattr(ckpt._kept, "free", [])
+    used: list[int] = []
+    busy: set[int] = set()
+    lock = threading.Lock()
+
+    def work(job: int, st: ckpt._Staging) -> None:
+        with lock:
+            assert st.address not in busy, "a staging buffer handed to two jobs at once"
+            busy.add(st.address)
+            used.append(st.address)
+        time.sleep(0.002)
+        with lock:
+            busy.discard(st.address)
+
+    ckpt._run_jobs(list(range(12)), 1, ckpt.ALIGN, work, keep=True)
+    # One thread, four kept buffers: each comes back only after the other three.
+    assert len(set(used)) == 4 and used == used[:4] * 3
+    used.clear()
+    ckpt._run_jobs(list(range(200)), 8, ckpt.ALIGN, work, keep=True)  # more threads than STAGING holds
+    assert len(used) == 200 and len(set(used)) == 8
+    used.clear()
+    monkeypatch.setattr(ckpt, "STAGING", 64 * ckpt.ALIGN)
+    ckpt._run_jobs(list(range(32)), 1, ckpt.ALIGN, work)  # new buffers for one call: an eighth of the bytes
+    assert len(set(used)) == 4 and used == used[:4] * 8
+
+
+def test_a_save_keeps_at_most_staging_bytes_and_a_daemons_verify_keeps_none(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ckpt._kept, "free", [])
+    monkeypatch.setattr(ckpt, "STAGING", 3 * ckpt.MIN_CHUNK)
+    d, _ = ckpt.save(tmp_path, 1, [ckpt.Shard("shard_000.safetensors", [_tensor("w", 9 * ckpt.MIN_CHUNK, 3)])])
+    kept = list(ckpt._kept.free)
+    assert kept and sum(st.size for st in kept) <= ckpt.STAGING
+    ckpt.verify(d)
+    assert ckpt._kept.free == kept
+    ckpt.verify(d, keep_buffers=True)  # buffers as long as the chunks: the kept ones serve
+    assert sum(st.size for st in ckpt._kept.free) <= ckpt.STAGING
+
+
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     with small_tmpfs(tmp_path / "small", "size=3m") as mnt:
