@@ -64,10 +64,7 @@ ALIGN = 4096
 CHUNK = 32 << 20
 MIN_CHUNK = 4 << 20
 THREADS = 8
-# Bytes of staging buffers a save or verify uses in turn (and a saving process keeps). This disk
-# ran 15-25 % slower, reading and writing alike, when a buffer came back to it after only 256 MiB
-# of other I/O than after 512 MiB or more (measured here; fio's best cell holds 1 GiB of buffers).
-STAGING = 512 << 20
+STAGING = 512 << 20  # staging buffers used in turn, and kept by a saving process (why: _run_jobs)
 HASH = "xxh3_128"
 
 
@@ -349,8 +346,8 @@ def _interleaved(files: Sequence[Any]) -> list[tuple[Any, int]]:
 
 class _Kept:
     """Staging buffers a writing process keeps between saves. First touch of fresh memory ran at
-    1.1-1.9 GB/s per core on this VM, so STAGING bytes of new buffers would cost an emergency save
-    a visible share of its time; after the first save a training process pays it no more."""
+    0.9-2.8 GB/s on this VM, so STAGING bytes of new buffers would cost an emergency save a
+    visible share of its time; after the first save a training process pays it no more."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
