@@ -176,14 +176,13 @@ def ceiling_round(
     shutil.rmtree(work)
 
 
-def ceiling(rates: dict[tuple[str, str, int, int], list[float]]) -> dict[str, dict[str, float]]:
-    """Best median cell by tool, for write and read."""
-    best: dict[str, dict[str, float]] = {}
+def ceiling(rates: dict[tuple[str, str, int, int], list[float]]) -> dict[str, dict[str, tuple[int, int, float]]]:
+    """Best median cell by tool, for write and read: (jobs, queue depth, median rate)."""
+    best: dict[str, dict[str, tuple[int, int, float]]] = {}
     for (name, rw, jobs, depth), r in rates.items():
         m = statistics.median(r)
-        if m > best.get(name, {}).get(rw, 0):
-            best.setdefault(name, {})[rw] = m
-            best[name][f"{rw}_cell"] = jobs * 100 + depth
+        if m > best.setdefault(name, {}).get(rw, (0, 0, 0.0))[2]:
+            best[name][rw] = (jobs, depth, m)
     return best
 
 
@@ -329,31 +328,30 @@ def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) ->
             times.setdefault("safetensors x4 threads: save", []).append(timed(lambda: st_save(args.dir / "st", cap)))
             shutil.rmtree(args.dir / "st")
     best = ceiling(rates)
-    # The higher of the two tools in each direction: the device can do at least that.
-    ref = {rw: max(b[rw] for b in best.values()) for rw in ("write", "read")}
+    # The higher of the two tools in each direction (the device can do at least that), and that
+    # cell as it ran in each round: a ratio within one round does not move with the disk's drift
+    # (the cell whose median is the ceiling, not each round's best, the luckiest of twelve).
+    ref: dict[str, float] = {}
+    rounds: dict[str, list[float]] = {}
+    for rw in ("write", "read"):
+        name = max(best, key=lambda t: best[t][rw][2])
+        jobs, depth, ref[rw] = best[name][rw]
+        rounds[rw] = rates[(name, rw, jobs, depth)]
     for name, b in best.items():
-        w, r = int(b["write_cell"]), int(b["read_cell"])
+        (wj, wd, w), (rj, rd, r) = b["write"], b["read"]
         print(
-            f"ceiling ({name}): write {b['write'] / 1e6:.0f} MB/s ({w // 100} jobs x qd {w % 100}), "
-            f"direct read {b['read'] / 1e6:.0f} MB/s ({r // 100} jobs x qd {r % 100})"
+            f"ceiling ({name}): write {w / 1e6:.0f} MB/s ({wj} jobs x qd {wd}), "
+            f"direct read {r / 1e6:.0f} MB/s ({rj} jobs x qd {rd})"
         )
     if "fio" in best:
         print(
-            f"python grid / fio: write {best['python']['write'] / best['fio']['write']:.2f}, "
-            f"read {best['python']['read'] / best['fio']['read']:.2f}"
+            f"python grid / fio: write {best['python']['write'][2] / best['fio']['write'][2]:.2f}, "
+            f"read {best['python']['read'][2] / best['fio']['read'][2]:.2f}"
         )
     if peers:
         cache()
         times["article: torch.save + fsync + MD5"] = [timed(lambda: article(args.dir / "a.pt", model, opt))]
         (args.dir / "a.pt").unlink()
-    # The ceiling's cell as it ran in each round too: a ratio within one round does not move with
-    # the disk's drift (the cell is the one whose median is the ceiling, not each round's best,
-    # which would be the luckiest of twelve).
-    rounds = {}
-    for rw in ref:
-        name = max(best, key=lambda t: best[t][rw])
-        cell = int(best[name][f"{rw}_cell"])
-        rounds[rw] = rates[(name, rw, cell // 100, cell % 100)]
     lines = [f"{'case (median)':38} {'runs':>4} {'s':>7} {'MB/s':>7} {'/ ceiling':>9} {'/ round':>7}"]
     for name, ts in times.items():
         dt = statistics.median(ts)
