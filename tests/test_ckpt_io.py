@@ -16,6 +16,7 @@ import xxhash
 
 from conftest import small_tmpfs
 from holdover.train import ckpt, state
+from holdover.train.ckpt import engine
 from holdover.train.guard import Guard
 
 
@@ -121,13 +122,13 @@ def test_staging_buffers_go_round_least_recently_used_first_and_never_to_two_job
     import threading
     import time
 
-    monkeypatch.setattr(ckpt, "STAGING", 4 * ckpt.ALIGN)
-    monkeypatch.setattr(ckpt._kept, "free", [])
+    monkeypatch.setattr(engine, "STAGING", 4 * ckpt.ALIGN)
+    monkeypatch.setattr(engine.kept, "free", [])
     used: list[int] = []
     busy: set[int] = set()
     lock = threading.Lock()
 
-    def work(job: int, st: ckpt._Staging) -> None:
+    def work(job: int, st: engine.StagingBuffer) -> None:
         with lock:
             assert st.address not in busy, "a staging buffer handed to two jobs at once"
             busy.add(st.address)
@@ -136,28 +137,28 @@ def test_staging_buffers_go_round_least_recently_used_first_and_never_to_two_job
         with lock:
             busy.discard(st.address)
 
-    ckpt._run_jobs(list(range(12)), 1, ckpt.ALIGN, work, keep=True)
+    engine.run_jobs(list(range(12)), 1, ckpt.ALIGN, work, keep=True)
     # One thread, four kept buffers: each comes back only after the other three.
     assert len(set(used)) == 4 and used == used[:4] * 3
     used.clear()
-    ckpt._run_jobs(list(range(200)), 8, ckpt.ALIGN, work, keep=True)  # more threads than STAGING holds
+    engine.run_jobs(list(range(200)), 8, ckpt.ALIGN, work, keep=True)  # more threads than STAGING holds
     assert len(used) == 200 and len(set(used)) == 8
     used.clear()
-    monkeypatch.setattr(ckpt, "STAGING", 64 * ckpt.ALIGN)
-    ckpt._run_jobs(list(range(32)), 1, ckpt.ALIGN, work)  # new buffers for one call: an eighth of the bytes
+    monkeypatch.setattr(engine, "STAGING", 64 * ckpt.ALIGN)
+    engine.run_jobs(list(range(32)), 1, ckpt.ALIGN, work)  # new buffers for one call: an eighth of the bytes
     assert len(set(used)) == 4 and used == used[:4] * 8
 
 
 def test_a_save_keeps_at_most_staging_bytes_and_a_daemons_verify_keeps_none(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(ckpt._kept, "free", [])
-    monkeypatch.setattr(ckpt, "STAGING", 3 * ckpt.MIN_CHUNK)
+    monkeypatch.setattr(engine.kept, "free", [])
+    monkeypatch.setattr(engine, "STAGING", 3 * ckpt.MIN_CHUNK)
     d, _ = ckpt.save(tmp_path, 1, [ckpt.Shard("shard_000.safetensors", [_tensor("w", 9 * ckpt.MIN_CHUNK, 3)])])
-    kept = list(ckpt._kept.free)
-    assert kept and sum(st.size for st in kept) <= ckpt.STAGING
+    kept = list(engine.kept.free)
+    assert kept and sum(st.size for st in kept) <= engine.STAGING
     ckpt.verify(d)
-    assert ckpt._kept.free == kept
+    assert engine.kept.free == kept
     ckpt.verify(d, keep_buffers=True)  # buffers as long as the chunks: the kept ones serve
-    assert sum(st.size for st in ckpt._kept.free) <= ckpt.STAGING
+    assert sum(st.size for st in engine.kept.free) <= engine.STAGING
 
 
 @pytest.fixture

@@ -24,11 +24,15 @@ from pydantic import (
 )
 
 from holdover import events
+from holdover.errors import USAGE, HoldoverError
 from holdover.firmware import protocol
 
 
-class ConfigError(ValueError):
+class ConfigError(HoldoverError, ValueError):
     """A config file that cannot be used; the message lists each problem by key."""
+
+    exit_code = USAGE
+    what = "bad config"
 
 
 class _Strict(BaseModel):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import serial
 
+from holdover.errors import USAGE, HoldoverError
 from holdover.firmware import protocol
 
 
@@ -68,8 +69,8 @@ def open_port(url: str, wait: float = 5.0) -> serial.SerialBase:
             time.sleep(0.2)
 
 
-class ConsoleError(RuntimeError):
-    pass
+class ConsoleError(HoldoverError, RuntimeError):
+    exit_code = USAGE
 
 
 def follow(

@@ -19,14 +19,15 @@ from pathlib import Path
 from holdover.board import chips, manifest, mpy_build
 from holdover.board.config_check import check_file
 from holdover.board.console import Shown, board_keys, follow, open_port
+from holdover.errors import USAGE, HoldoverError
 
 CONFIG = "config.json"  # where the firmware reads its config on the board
 REACHED = "mqtt connected to"  # the firmware's log line once the broker accepted it
 WRITE_CHUNK = 512  # bytes per raw-REPL statement: small enough for a busy ESP32's heap
 
 
-class DeployError(RuntimeError):
-    pass
+class DeployError(HoldoverError, RuntimeError):
+    exit_code = USAGE
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 import holdover.firmware
 from holdover import proc
 from holdover.board import mpy_build
+from holdover.errors import USAGE, HoldoverError
 
 EXIT_CONFIG = 2  # these three mirror firmware/board_emu.py
 EXIT_RESET = 42
@@ -40,8 +41,8 @@ HEAP_RATIO_64_TO_32 = 1.53
 DEFAULT_HEAP = f"{round(CHIP_HEAP_KB * HEAP_RATIO_64_TO_32)}K"
 
 
-class EmulatorError(RuntimeError):
-    pass
+class EmulatorError(HoldoverError, RuntimeError):
+    exit_code = USAGE
 
 
 def firmware_dir() -> Path:

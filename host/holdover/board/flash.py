@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from holdover.board.chips import CHIPS, Chip, by_image_id, by_name
+from holdover.errors import FAILED, USAGE, HoldoverError
 
 IMAGE_MAGIC = 0xE9  # esp_image_header_t.magic
 PARTITION_MAGIC = b"\xaa\x50"  # the first entry of an ESP-IDF partition table
@@ -37,8 +38,10 @@ USB_IDS: dict[tuple[int, int], str] = {
 }
 
 
-class FlashError(RuntimeError):
+class FlashError(HoldoverError, RuntimeError):
     """A flash that must not go ahead; the message says what was found and what to do."""
+
+    exit_code = USAGE
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,8 @@ def flash(p: Plan, say: Callable[[str], None] = print) -> None:
             verify_flash(esp, [(found.offset, p.image.data)])
             say("verified; resetting the board")
             reset_chip(esp, "hard-reset")
-    except FlashError:
+    except FlashError as e:
+        e.exit_code = FAILED  # found at the board: the flash was tried, not refused beforehand
         raise
     except Exception as e:  # esptool's FatalError and serial errors: say which step and port
-        raise FlashError(f"{p.port.device}: {type(e).__name__}: {e}") from None
+        raise FlashError(f"{p.port.device}: {type(e).__name__}: {e}", exit_code=FAILED) from None

@@ -6,12 +6,13 @@ import os
 import secrets
 from pathlib import Path
 
+from holdover.errors import HoldoverError
 from holdover.firmware import protocol
 
 KEY_BYTES = 32  # HMAC-SHA256's block is 64 bytes; 32 random ones are its full strength
 
 
-class KeyFileError(OSError):
+class KeyFileError(HoldoverError, OSError):
     """The key file could not be written (exists, or the directory is not ours to write)."""
 
 
@@ -26,7 +27,10 @@ def write(sid: str, directory: Path, force: bool = False) -> tuple[Path, str]:
     for a moment: the mode is set at creation). An existing file is kept unless `force`."""
     if not protocol.valid_sid(sid):
         raise KeyFileError(f"{sid!r} is not a sentinel id: 1-32 of A-Z a-z 0-9 _ -")
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KeyFileError(f"cannot make {directory}: {e.strerror}") from None
     path = directory / f"{sid}.key"
     key = generate()
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import holdover.firmware
+from holdover.errors import HoldoverError
 
 MANIFEST = "manifest.py"
 # Run by the emulator only: the unix port's board layer and its entry point.
@@ -25,7 +26,7 @@ def firmware_dir() -> Path:
     return Path(holdover.firmware.__file__).parent
 
 
-class ManifestError(ValueError):
+class ManifestError(HoldoverError, ValueError):
     pass
 
 

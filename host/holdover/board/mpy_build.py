@@ -16,12 +16,13 @@ from pathlib import Path
 
 from holdover import proc
 from holdover.board import manifest
+from holdover.errors import HoldoverError
 
 # Run as scripts, never imported: the board's boot runs main.py as source, the emulator emu_main.py.
 ENTRY_POINTS = ("main.py", "emu_main.py")
 
 
-class BuildError(RuntimeError):
+class BuildError(HoldoverError, RuntimeError):
     pass
 
 

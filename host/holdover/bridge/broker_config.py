@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from holdover import proc
+from holdover.errors import HoldoverError
 from holdover.firmware import protocol
 
 BRIDGE_USER = "holdover-bridge"
@@ -27,7 +28,7 @@ HA_USER = "homeassistant"
 SENTINEL_WRITES = (protocol.STATUS, protocol.STATE, protocol.EVENT, protocol.CMD_ACK)
 
 
-class BrokerConfigError(RuntimeError):
+class BrokerConfigError(HoldoverError, RuntimeError):
     pass
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from holdover.errors import USAGE, HoldoverError
 from holdover.firmware import protocol
 from holdover.settings import MqttSettings
 
@@ -24,8 +25,8 @@ _last = 0
 _lock = threading.Lock()
 
 
-class CommandError(RuntimeError):
-    pass
+class CommandError(HoldoverError, RuntimeError):
+    exit_code = USAGE
 
 
 def next_seq() -> int:

@@ -14,14 +14,15 @@ import time
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from holdover.errors import USAGE, HoldoverError
 from holdover.firmware import protocol
 from holdover.settings import MqttSettings
 
 QUIET_S = 0.5  # retained messages arrive right after SUBACK; this long with none means all are in
 
 
-class DiscoveryError(RuntimeError):
-    pass
+class DiscoveryError(HoldoverError, RuntimeError):
+    exit_code = USAGE
 
 
 def node_filter(sid: str, prefix: str = protocol.HA_PREFIX) -> str:

@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 from holdover import proc
+from holdover.errors import HoldoverError
 
 INSTALL_HINT = "Mosquitto is not installed: run `apt-get install mosquitto` (as root)."
 
 
-class BrokerError(RuntimeError):
+class BrokerError(HoldoverError, RuntimeError):
     pass
 
 

@@ -17,25 +17,13 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from holdover import proc
 from holdover.node import probe
+from holdover.node.checks import FAIL, PASS, WARN, Check
 from holdover.node.dongle import Dongle, DongleError
 from holdover.settings import Settings
-
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-
-
-@dataclass
-class Finding:
-    check: str
-    status: str
-    detail: str
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def links(ipr: Any, devs: list[str]) -> dict[str, dict[str, Any]]:
@@ -99,11 +87,11 @@ def kernel_words(devs: list[str], lines: int = 5) -> list[str]:
 Netlink = Callable[..., Awaitable[Any]]  # runs fn(*args) where the routing socket may be used
 
 
-async def diagnose(cfg: Settings, ipr: Any, netlink: Netlink, timeout: float = 1.0) -> list[Finding]:
+async def diagnose(cfg: Settings, ipr: Any, netlink: Netlink, timeout: float = 1.0) -> list[Check]:
     """The report. `ipr` is the node's routing socket (the failover's namespace in tests), used
     only through `netlink` (pyroute2 gives each thread its own socket: the failover's one thread)."""
     fo = cfg.failover
-    out: list[Finding] = []
+    out: list[Check] = []
     devs = [u.dev for u in fo.uplinks]
     state = await netlink(links, ipr, devs) if devs else {}
     targets = [(h, int(p)) if c else (p, None) for h, c, p in (t.rpartition(":") for t in fo.targets)]
@@ -111,17 +99,17 @@ async def diagnose(cfg: Settings, ipr: Any, netlink: Netlink, timeout: float = 1
         st = state[u.dev]
         name = f"{u.name} ({u.dev})"
         if not st["present"]:
-            out.append(Finding(f"{name}: link", FAIL, f"no interface {u.dev}: unplugged?"))
+            out.append(Check(f"{name}: link", FAIL, f"no interface {u.dev}: unplugged?"))
             continue
         if not st["carrier"]:
-            out.append(Finding(f"{name}: link", FAIL, f"no carrier (operstate {st['operstate']}): cable or modem"))
+            out.append(Check(f"{name}: link", FAIL, f"no carrier (operstate {st['operstate']}): cable or modem"))
             continue
-        out.append(Finding(f"{name}: link", PASS, f"carrier, operstate {st['operstate']}"))
+        out.append(Check(f"{name}: link", PASS, f"carrier, operstate {st['operstate']}"))
         gw = await probe.icmp(u.dev, u.gateway, timeout, fo.netns)
         if gw is None:
-            out.append(Finding(f"{name}: gateway {u.gateway}", FAIL, "no echo reply: the first failed hop"))
+            out.append(Check(f"{name}: gateway {u.gateway}", FAIL, "no echo reply: the first failed hop"))
             continue
-        out.append(Finding(f"{name}: gateway {u.gateway}", PASS, f"echo in {gw:.1f} ms"))
+        out.append(Check(f"{name}: gateway {u.gateway}", PASS, f"echo in {gw:.1f} ms"))
         rtts = await asyncio.gather(
             *[
                 probe.tcp(u.dev, h, p, timeout, fo.netns) if p else probe.icmp(u.dev, h, timeout, fo.netns)
@@ -131,7 +119,7 @@ async def diagnose(cfg: Settings, ipr: Any, netlink: Netlink, timeout: float = 1
         for (h, p), rtt in zip(targets, rtts, strict=True):
             where = f"{h}:{p}" if p else h
             out.append(
-                Finding(
+                Check(
                     f"{name}: target {where}",
                     PASS if rtt is not None else FAIL,
                     f"{rtt:.1f} ms" if rtt is not None else "no answer beyond the gateway: upstream of it",
@@ -139,23 +127,23 @@ async def diagnose(cfg: Settings, ipr: Any, netlink: Netlink, timeout: float = 1
             )
     for server in cfg.diagnose.resolvers:
         status, what = await dns(server, cfg.diagnose.name, timeout, fo.netns)
-        out.append(Finding(f"DNS {server} ({cfg.diagnose.name})", status, what))
+        out.append(Check(f"DNS {server} ({cfg.diagnose.name})", status, what))
     if cfg.diagnose.metadata_url:
         out.append(await _metadata(cfg.diagnose.metadata_url, timeout))
     words = await asyncio.to_thread(kernel_words, devs) if devs else []
     if words:
-        out.append(Finding("kernel messages about the uplinks", WARN, " | ".join(words)))
+        out.append(Check("kernel messages about the uplinks", WARN, " | ".join(words)))
     if cfg.dongle.enabled:
         try:
             d = await Dongle(cfg.dongle).astatus()
             status = PASS if d.connected else WARN
-            out.append(Finding("4G dongle", status, f"{d.connection}, {d.operator}, RSSI {d.rssi}, SINR {d.sinr}"))
+            out.append(Check("4G dongle", status, f"{d.connection}, {d.operator}, RSSI {d.rssi}, SINR {d.sinr}"))
         except DongleError as e:
-            out.append(Finding("4G dongle", FAIL, str(e)))
+            out.append(Check("4G dongle", FAIL, str(e)))
     return out
 
 
-async def _metadata(url: str, timeout: float) -> Finding:
+async def _metadata(url: str, timeout: float) -> Check:
     import urllib.request
 
     def get() -> int:
@@ -164,18 +152,20 @@ async def _metadata(url: str, timeout: float) -> Finding:
 
     try:
         code = await asyncio.to_thread(get)
-        return Finding(f"cloud metadata {url}", PASS, f"HTTP {code}")
+        return Check(f"cloud metadata {url}", PASS, f"HTTP {code}")
     except Exception as e:  # any failure to reach it is the finding
-        return Finding(f"cloud metadata {url}", FAIL, str(e)[:200])
+        return Check(f"cloud metadata {url}", FAIL, str(e)[:200])
 
 
-def first_failures(findings: list[Finding]) -> list[str]:
+def first_failures(findings: list[Check]) -> list[str]:
     """One line per failed check, for an alert's body."""
-    return [f"{f.check}: {f.detail}" for f in findings if f.status == FAIL]
+    return [f"{f.name}: {f.detail}" for f in findings if f.status == FAIL]
 
 
-def summary(findings: list[Finding]) -> dict[str, Any]:
-    return {"findings": [f.as_dict() for f in findings], "failed": first_failures(findings)}
+def summary(findings: list[Check]) -> dict[str, Any]:
+    # The diagnosis event and --json keep their own key names (check, status, detail): journals hold them.
+    findings_out = [{"check": f.name, "status": f.status, "detail": f.detail} for f in findings]
+    return {"findings": findings_out, "failed": first_failures(findings)}
 
 
 class Diagnosis:

@@ -13,7 +13,6 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +20,13 @@ import psutil
 
 from holdover.journal import Journal
 from holdover.node import targets as targets_mod
+from holdover.node.checks import FAIL, PASS, SKIP, WARN, Check
 from holdover.settings import Settings
 
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-RANK = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}
 # A sentinel states every 30 s by default; three missed in a row is not a slow network.
 STALE_AFTER_S = 90.0
 KEEPALIVE_MAX_S = 600  # NAT and stateful firewalls commonly forget an idle connection after 5-15 min
 SESSION_KEEPERS = ("tmux", "screen")
-
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-def worst(checks: list[Check]) -> int:
-    """The exit status: 0 all pass, 1 a warning, 2 a failure."""
-    return max((RANK[c.status] for c in checks), default=0)
 
 
 class Doctor:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from holdover.errors import HoldoverError
 from holdover.settings import DongleSettings
 
 log = logging.getLogger("holdover.dongle")
@@ -24,7 +25,7 @@ CONNECTION = {"900": "connecting", "901": "connected", "902": "disconnected", "9
 SMS_MAX = 160  # one GSM-7 message
 
 
-class DongleError(RuntimeError):
+class DongleError(HoldoverError, RuntimeError):
     """The stick could not be reached or refused; the message says which and why."""
 
 

@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from holdover import proc
+from holdover.errors import FAILED, USAGE, HoldoverError
 from holdover.node import tmux
 from holdover.train import ckpt, registry
 
 SESSION_PREFIX = "holdover-"
 
 
-class LaunchError(Exception):
-    pass
+class LaunchError(HoldoverError):
+    exit_code = USAGE
 
 
 def state_home() -> Path:
@@ -306,9 +307,11 @@ def forget(name: str, registry_dir: Path | None = None) -> list[Path]:
     reg_dir = registry_dir or registry.default_registry()
     known = {r["name"]: r for r in recover(reg_dir, everything=True)}
     if name not in known:
-        raise LaunchError(f"no run named {name!r} (holdover recover --all lists them)")
+        raise LaunchError(f"no run named {name!r} (holdover recover --all lists them)", exit_code=FAILED)
     if known[name]["state"] in ("running", "orphaned"):
-        raise LaunchError(f"{name!r} is {known[name]['state']} (pid {known[name]['pid']}): stop it first")
+        raise LaunchError(
+            f"{name!r} is {known[name]['state']} (pid {known[name]['pid']}): stop it first", exit_code=FAILED
+        )
     regs = [*reg_dir.glob(f"{name}.json"), *reg_dir.glob(f"{name}.rank*.json")]
     paths = [state_home() / "runs" / f"{name}.json", exit_path(name), *regs]
     removed = []

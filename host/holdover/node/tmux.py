@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 
 from holdover import proc
+from holdover.errors import HoldoverError
 
 TIMEOUT = 10.0
 
 
-class TmuxError(RuntimeError):
+class TmuxError(HoldoverError, RuntimeError):
     pass
 
 

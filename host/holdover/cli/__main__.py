@@ -1,0 +1,3 @@
+from holdover.cli import main
+
+main()

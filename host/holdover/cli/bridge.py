@@ -1,0 +1,249 @@
+"""The bridge's commands: run it, configure it and its broker, read its journal, reach a sentinel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import typer
+
+from holdover import settings as settings_mod
+from holdover.cli.common import OUTAGE, RUN, SET_UP, fail, journal_exists, load_config, setup_logging, wing
+from holdover.errors import FAILED
+
+app = wing()
+
+
+@app.command("config-example", rich_help_panel=SET_UP)
+def config_example() -> None:
+    """Print a bridge config with every setting, its default and what it is for (holdover.toml.example)."""
+    typer.echo(settings_mod.example_toml(), nl=False)
+
+
+@app.command("broker-config", rich_help_panel=SET_UP)
+def broker_config(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (its sentinels get users)."),
+    out: Path = typer.Option(Path("/etc/holdover/mosquitto"), help="Where mosquitto.conf, passwd and acl go."),
+    listen: str = typer.Option("0.0.0.0", help="The broker's listening address (the LAN's side)."),
+    port: int = typer.Option(1883, help="The broker's port."),
+    persistence: Path = typer.Option(Path("/var/lib/mosquitto"), help="Mosquitto's persistence directory."),
+    ha: bool = typer.Option(False, "--ha", help="Add a user for Home Assistant (reads state, switches relays)."),
+    lan_address: str = typer.Option("", help="This broker's LAN address, for the sentinels' config lines."),
+) -> None:
+    """Write a Mosquitto config with a password per client and an ACL per sentinel, and print the
+    lines that make the bridge's and each sentinel's configs match."""
+    from holdover.bridge import broker_config as bc
+
+    cfg = load_config(config)
+    try:
+        w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha)
+    except OSError as e:
+        raise bc.BrokerConfigError(str(e)) from None
+    typer.echo(f"wrote {w.conf}, {w.passwd} ({len(w.passwords)} users, hashed), {w.acl}")
+    typer.echo(f"run it: mosquitto -c {w.conf}")
+    typer.echo(f"\n{config}: the bridge's [mqtt] section:")
+    typer.echo(f'  username = "{bc.BRIDGE_USER}"\n  password_file = "{w.password_files[bc.BRIDGE_USER]}"')
+    host = lan_address or "<this broker's LAN address>"
+    for s in cfg.sentinels:
+        mqtt = {"host": host, "port": port, "user": s.id, "password": w.passwords[s.id]}
+        typer.echo(f'\nsentinel {s.id}, in its config.json:\n  "mqtt": {json.dumps(mqtt)}')
+    if ha:
+        typer.echo(f"\nHome Assistant's MQTT: user {bc.HA_USER}, password in {w.password_files[bc.HA_USER]}")
+
+
+@app.command("test-alert", rich_help_panel=SET_UP)
+def test_alert(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([alerts])."),
+) -> None:
+    """Send one test alert through every configured channel and print each one's result."""
+    import socket
+
+    from holdover.bridge import notify
+
+    cfg = load_config(config)
+    if not cfg.alerts.channels:
+        raise fail(f"{config} has no [[alerts.channels]]")
+    failed = 0
+    for c in cfg.alerts.channels:
+        r = notify.send(
+            c.url,
+            "holdover test alert",
+            f"from {socket.gethostname()}: if you read this, channel {c.name!r} works",
+            "critical",  # so a channel with any minimum severity shows it
+        )
+        typer.echo(f"{c.name}: " + ("sent" if r.ok else f"FAILED: {r.error}"))
+        failed += not r.ok
+    if failed:
+        raise typer.Exit(FAILED)
+
+
+@app.command("ha-remove", rich_help_panel=SET_UP)
+def ha_remove(
+    sentinel: str = typer.Argument(..., help="The sentinel's id."),
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the broker)."),
+    prefix: str = typer.Option("homeassistant", help="Home Assistant's discovery prefix."),
+) -> None:
+    """Remove a sentinel's Home Assistant entities (empty their retained discovery configs)."""
+    from holdover.bridge import discovery
+
+    removed = discovery.remove(load_config(config).mqtt, sentinel, prefix)
+    if not removed:
+        typer.echo(f"no discovery configs for {sentinel} under {discovery.node_filter(sentinel, prefix)}")
+        return
+    for t in removed:
+        typer.echo(f"removed {t}")
+    typer.echo(
+        f"{len(removed)} entities removed; {sentinel} publishes them again on its next connect "
+        'unless its board config has "ha": {"discovery": false}'
+    )
+
+
+@app.command(rich_help_panel=RUN)
+def bridge(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+) -> None:
+    """Run the host bridge: take sentinel events from MQTT, journal them and run hooks."""
+    from holdover.bridge import Bridge
+
+    setup_logging(verbose)
+    cfg = load_config(config)
+    if not cfg.sentinels:
+        raise fail(
+            f"{config}: no [[sentinels]]: the bridge would hear nobody. Make a key with "
+            "`holdover keygen ID`; it prints the [[sentinels]] lines to add."
+        )
+    from holdover.web.server import run_with
+
+    asyncio.run(run_with(Bridge(cfg), cfg.web))
+
+
+@app.command(rich_help_panel=RUN)
+def status(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Sentinels, protected runs and uplinks at a glance, from the journal: works while the bridge is down."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from holdover.journal import Journal
+    from holdover.node import launch
+    from holdover.web import snapshot
+
+    cfg = load_config(config)
+    journal_exists(cfg)
+    with Journal(cfg.journal.path, readonly=True) as j:
+        st = {
+            "sentinels": snapshot.sentinels(j, [s.id for s in cfg.sentinels]),
+            "runs": launch.recover(cfg.protect.registry),
+            "uplinks": snapshot.uplinks(j),
+            "checkpoints": snapshot.checkpoints(j, 5),
+        }
+    if as_json:
+        typer.echo(json.dumps(st, indent=2, default=str))
+        return
+    out = Console()
+    t = Table(title="sentinels")
+    for col in ("sentinel", "status", "mains", "battery", "runtime", "uplink", "relay", "last event"):
+        t.add_column(col)
+    for s in st["sentinels"]:
+        pct = f"{s['battery_pct']:.0f} %" if isinstance(s["battery_pct"], int | float) else "-"
+        rt = f"{s['runtime_s'] // 60} min" if isinstance(s["runtime_s"], int) else "-"
+        mains = {True: "on", False: "[red]LOST[/red]", None: "-"}[s["mains"]]
+        last = s["last_event"]
+        t.add_row(
+            s["sid"],
+            s["status"] or "never heard",
+            mains,
+            pct,
+            rt,
+            s["uplink"] or "-",
+            {True: "on", False: "off", None: "-"}[s["relay"]],
+            f"{last['kind']} ({last['age_s']:.0f} s ago)" if last else "-",
+        )
+    out.print(t)
+    t = Table(title="training runs")
+    for col in ("run", "state", "newest verified checkpoint", "age"):
+        t.add_column(col)
+    for r in st["runs"]:
+        ck = r.get("checkpoint")
+        t.add_row(r["name"], r["state"], ck["dir"] if ck else "none", f"{ck['age_s']:.0f} s" if ck else "-")
+    out.print(t)
+    up = st["uplinks"]
+    out.print(
+        f"uplink: {up['active'] or 'primary (no failover recorded)'}"
+        + (f" since {up['since_s']:.0f} s" if up["since_s"] else "")
+    )
+
+
+@app.command(rich_help_panel=RUN)
+def events(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    kind: str | None = typer.Option(None, help="Only this kind (mains_lost, failover, ...)."),
+    sentinel: str | None = typer.Option(None, help="Only this sentinel ('node': this machine)."),
+    limit: int = typer.Option(50, help="How many, newest last."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events as they are journaled."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+) -> None:
+    """The event journal, read directly: works while the bridge is down."""
+    import time
+
+    from holdover import events as kinds
+    from holdover.journal import Event, Journal
+
+    cfg = load_config(config)
+    journal_exists(cfg)
+
+    def show(e: Event) -> None:
+        k = kinds.kind(e.kind)
+        text = k.describe(sid=e.sid, **e.data)
+        if as_json:
+            typer.echo(json.dumps({"id": e.id, "rx_ts": e.rx_ts, "severity": k.severity, "text": text, **e.body}))
+        else:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.rx_ts))
+            typer.echo(f"{when}  {k.severity:8}  {e.sid:12}  {e.kind:20}  {text}")
+
+    with Journal(cfg.journal.path, readonly=True) as j:
+        rows = list(reversed(j.events(sid=sentinel, kind=kind, limit=limit)))
+        for e in rows:
+            show(e)
+        last = rows[-1].id if rows else 0
+        try:
+            while follow:
+                time.sleep(0.5)
+                for e in reversed(j.events(sid=sentinel, kind=kind, limit=1000, after=last)):
+                    show(e)
+                    last = e.id
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command(rich_help_panel=OUTAGE)
+def relay(
+    sentinel: str = typer.Argument(..., help="The sentinel's id."),
+    op: str = typer.Argument(..., help="on, off or pulse."),
+    ms: int = typer.Argument(0, help="For pulse: how long the relay stays on, in ms."),
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (broker and keys)."),
+    timeout: float = typer.Option(10.0, help="Seconds to wait for the sentinel's answer."),
+) -> None:
+    """Switch a sentinel's relay with a signed command and print its answer."""
+    from holdover.bridge import commands
+    from holdover.firmware import protocol
+
+    cfg = load_config(config)
+    key = cfg.keys().get(sentinel)
+    if key is None:
+        raise commands.CommandError(f"no key for {sentinel!r} in {config}")
+    try:
+        ack = commands.send(cfg.mqtt, key, sentinel, op, ms, timeout)
+    except protocol.ProtocolError as e:  # the firmware's own error: MicroPython knows no HoldoverError
+        raise commands.CommandError(str(e)) from None
+    what = f"{op} {ms} ms" if op == protocol.OP_PULSE else op
+    relay_now = {True: "on", False: "off", None: "none"}[ack.get("relay")]
+    if ack.get("ok"):
+        typer.echo(f"{sentinel}: {what}: ok (relay now {relay_now})")
+        return
+    typer.echo(f"{sentinel}: {what}: refused: {ack.get('reason')}: {ack.get('detail')} (relay {relay_now})", err=True)
+    raise typer.Exit(FAILED)

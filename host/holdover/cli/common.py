@@ -1,0 +1,80 @@
+"""What every wing's commands share: loading the config, logging, the one mapping of a
+`HoldoverError` to its message and exit code, and the pass / warn / fail table."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from holdover import settings as settings_mod
+from holdover.errors import USAGE, HoldoverError
+
+# Help panels, by what a person is doing when they reach for the command.
+SET_UP = "Set up"
+RUN = "Run"
+OUTAGE = "Outage"
+BOARD = "Board"
+LAB = "Lab"
+
+
+class Group(TyperGroup):
+    """The top-level command group: every command runs inside it, so this is the one place an
+    error raised on purpose becomes a line on stderr and an exit code."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HoldoverError as e:
+            typer.echo(f"holdover: {e.user_message()}", err=True)
+            raise typer.Exit(e.exit_code) from None
+
+
+def wing(**kw: Any) -> typer.Typer:
+    """A wing's own app: nameless, so `add_typer` merges its commands into the top level."""
+    return typer.Typer(add_completion=False, **kw)
+
+
+def fail(message: str, code: int = USAGE) -> typer.Exit:
+    """For a command's own refusals (nothing raised them): say it, then exit with `code`."""
+    typer.echo(f"holdover: {message}", err=True)
+    return typer.Exit(code)
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def load_config(path: Path) -> settings_mod.Settings:
+    """The bridge's config; a ConfigError names every problem by key and exits 2."""
+    return settings_mod.load(path)
+
+
+def journal_exists(cfg: settings_mod.Settings) -> None:
+    """The commands that read the journal directly: exit 2 if the bridge never made one."""
+    if not cfg.journal.path.exists():
+        raise fail(f"no journal at {cfg.journal.path} yet (has the bridge run?)")
+
+
+def print_checks(checks: list[Any], with_fix: bool) -> None:
+    """doctor's and diagnose's table: each check, its pass / warn / fail, what was found (and the fix)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+    t = Table("check", "", "what was found", *(["the fix"] if with_fix else []))
+    for c in checks:
+        row = [escape(c.name), f"[{style[c.status]}]{c.status}[/]", escape(c.detail)]
+        if with_fix:
+            row.append(escape(c.fix if c.status != "pass" else ""))
+        t.add_row(*row)
+    Console().print(t)
