@@ -1,6 +1,7 @@
 # The board's config.json, validated before anything starts, with errors that name the key.
 import json
 
+import pins
 import protocol
 
 REQUIRED = object()
@@ -194,64 +195,15 @@ SPEC = {
         "after": (int, 5, _rng(2, 100)),
         "good_after_s": (int, 60, _rng(5, 3600)),
     },
-    "chip": (str, "esp32", _one_of("esp32", "esp32s3", "esp32c3")),
+    "chip": (str, "esp32", _one_of(*pins.NAMES)),
     # A module with PSRAM (ESP32 WROVER, ESP32-S3 R8): its bus pins are taken.
     "psram": (bool, False, None),
     "heartbeat_s": (int, 30, _rng(1, 3600)),
 }
 
 
-# Pin facts per chip (the esp32 port's pin tables and Espressif's datasheets); the reasons are
-# what the validator prints. The host's `holdover check-config` imports this same table.
-def _r(a, b):
-    return tuple(range(a, b + 1))
-
-
-_CHIPS = {
-    "esp32": {
-        "name": "ESP32",
-        "gpios": _r(0, 19) + (21, 22, 23, 25, 26, 27) + _r(32, 39),  # no 20, 24, 28-31 or >= 40
-        "flash": _r(6, 11),
-        "psram": (16, 17),  # WROVER modules: the PSRAM's clock and chip select
-        "uart0": (1, 3),
-        "usb": (),
-        "strapping": (0, 2, 5, 12, 15),  # 0: boot mode; 12: flash voltage
-        # The devkit's own LED (through a resistor to ground, which keeps GPIO2 low at reset as
-        # download mode wants): the one strapping pin a status LED may use.
-        "onboard_led": 2,
-        "input_only": _r(34, 39),
-        "adc1": _r(32, 39),
-        "adc2": (0, 2, 4, 12, 13, 14, 15, 25, 26, 27),
-    },
-    "esp32s3": {
-        "name": "ESP32-S3",
-        "gpios": _r(0, 21) + _r(26, 48),
-        "flash": _r(26, 32),
-        "psram": _r(33, 37),  # octal PSRAM/flash (R8 modules)
-        "uart0": (43, 44),
-        "usb": (19, 20),
-        "strapping": (0, 3, 45, 46),
-        "input_only": (),
-        "adc1": _r(1, 10),
-        "adc2": _r(11, 20),
-    },
-    "esp32c3": {
-        "name": "ESP32-C3",
-        "gpios": _r(0, 21),
-        "flash": _r(11, 17),
-        "psram": (),
-        "uart0": (20, 21),
-        "usb": (18, 19),
-        "strapping": (2, 8, 9),
-        "input_only": (),
-        "adc1": _r(0, 4),
-        "adc2": (5,),
-    },
-}
-
-
 def _pin_problem(role, pin, cfg):
-    c = _CHIPS[cfg["chip"]]
+    c = pins.CHIPS[cfg["chip"]]
     if pin in c["flash"]:
         return "GPIO%d is wired to the module's SPI flash" % pin
     if pin not in c["gpios"]:

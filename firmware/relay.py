@@ -1,4 +1,5 @@
-# The relay, and the policy that power-cycles the modem when the uplink stays down.
+# The relay, and the policy that power-cycles the modem when the uplink stays down: this module
+# owns both; the sentinel only tells it, once a second, how long the uplink has been down.
 #
 # "on" energises the coil. Wire the modem through the normally-closed contact, so a pulse cuts
 # its power and a dead or rebooting sentinel leaves it powered.
@@ -77,3 +78,8 @@ class Relay:
             self.cycles.append(self.board.ticks_ms())
             return True
         return False
+
+    def tick(self, down_ms, on_battery):
+        """The policy, asked once a second by the sentinel: power-cycle the modem if the uplink has
+        been down `down_ms` (0: it is up) and the policy allows; True when a cycle started."""
+        return bool(down_ms) and self.cycle_allowed(down_ms, on_battery) and self.cycle()

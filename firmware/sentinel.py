@@ -393,7 +393,8 @@ class Sentinel:
             self.emit(protocol.HEARTBEAT, {"uptime_ms": self.uptime_ms(), "mem_free": gc.mem_free()})
 
     async def _policy(self):
-        """The modem power-cycle when the uplink stays down, and NTP while it is up."""
+        """Once a second: tell the relay how long the uplink has been down (the power-cycle policy
+        is relay.py's), and set the clock by NTP while the uplink is up."""
         ticks, diff = self.board.ticks_ms, self.board.ticks_diff
         ntp_host = "" if self.safe_mode else self.cfg["ntp"]["host"]
         next_ntp = ticks()
@@ -401,9 +402,8 @@ class Sentinel:
             await asyncio.sleep_ms(1000)
             u, now = self.uplink, ticks()
             down_ms = diff(now, u.down_since_ms) if u is not None and u.up is False else 0
-            if down_ms and self.relay is not None and self.relay.cycle_allowed(down_ms, self.on_battery()):
+            if self.relay is not None and self.relay.tick(down_ms, self.on_battery()):
                 self.log("relay", "uplink down %d s: power-cycling the modem" % (down_ms // 1000))
-                self.relay.cycle()
             if ntp_host and self.board.net_up() and (u is None or u.up) and diff(now, next_ntp) >= 0:
                 import ntp
 

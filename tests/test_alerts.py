@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from conftest import Listener, Ntfy
+from holdover.bridge.alert_outbox import AlertOutbox
 from holdover.bridge.alerts import Alerts
 from holdover.bridge.service import NODE, Bridge, BridgeThread
 from holdover.firmware import protocol
@@ -67,7 +68,7 @@ def test_severity_routes_each_alert_and_a_recovery_closes_its_problem_everywhere
             await _until(lambda: len(ntfy.got) == 5, 10, "the recovery on both")
 
         _run(alerts, scenario)
-        assert not [a for a in j.alerts() if a["sent"] is None]
+        assert not [a for a in AlertOutbox(j).alerts() if a["sent"] is None]
     assert [m["title"] for m in ntfy.on("oncall")] == ["Mains power lost at ups1", "Mains power back at ups1"]
     team = ntfy.on("team")
     assert [m["title"] for m in team] == [
@@ -120,7 +121,7 @@ def test_a_channel_over_its_rate_gets_one_merged_message_and_nothing_is_lost(tmp
             await asyncio.sleep(1.5)
 
         _run(alerts, scenario)
-        rows = j.alerts()
+        rows = AlertOutbox(j).alerts()
     assert len(ntfy.got) == 2
     merged = ntfy.got[1]
     assert merged["title"] == "5 holdover alerts (rate limit: merged)"
@@ -136,10 +137,10 @@ def test_an_alert_the_receiver_missed_is_kept_and_sent_once_after_a_bridge_resta
 
         async def first() -> None:
             alerts.on_event(_event(j, protocol.MAINS_LOST))
-            await _until(lambda: j.alerts()[0]["attempts"] == 1, 10, "a failed try")
+            await _until(lambda: AlertOutbox(j).alerts()[0]["attempts"] == 1, 10, "a failed try")
 
         _run(alerts, first)
-        [row] = j.alerts()
+        [row] = AlertOutbox(j).alerts()
         assert row["sent"] is None and "Connection error" in row["error"]
     up = Ntfy(down.port).start()
     try:

@@ -13,7 +13,7 @@ from typing import Any
 from holdover.journal import Journal
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.node import routes
-from holdover.node.datacap import DataCap, month_of
+from holdover.node.datacap import DataCap, DataUsage, month_of
 from holdover.node.failover import Failover
 from holdover.node.probe import in_netns
 from holdover.settings import DongleSettings, FailoverSettings
@@ -71,4 +71,4 @@ def test_the_cap_alerts_at_its_share_and_at_the_cap_then_bars_the_backup(tmp_pat
         assert events[0][1]["share"].startswith("6") and events[0][1]["action"] == ""
         assert events[1][1]["share"].startswith("1") and events[1][1]["action"].startswith("barred")
         assert st["active"] == "wan" and routes.ours(lab.node) == []
-        assert j.usage_alerted(month_of(time.time()), "usb0") == 1.0  # kept: a restart says nothing again
+        assert DataUsage(j).alerted(month_of(time.time()), "usb0") == 1.0  # kept: a restart says nothing again

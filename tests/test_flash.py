@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,26 @@ def test_each_chips_image_goes_to_its_offset(tmp_path: Path, key: str) -> None:
     erase, write, verify = p.esptool_argv()
     assert erase[-1] == "erase-flash" and ["--chip", key] == erase[1:3]
     assert write[-2:] == [hex(chip.offset), str(p.image.path)] and verify[-2] == hex(chip.offset)
-    assert {"esp32": 0x1000, "esp32s2": 0x1000}.get(key, 0x0) == chip.offset
+    assert {"esp32": 0x1000}.get(key, 0x0) == chip.offset
+
+
+def test_flash_takes_exactly_the_chips_the_board_config_takes(tmp_path: Path) -> None:
+    from esptool.targets import CHIP_DEFS
+
+    from holdover.board.config_check import check_text
+    from holdover.firmware import pins
+
+    assert list(CHIPS) == list(pins.NAMES)
+    base = {"sentinel_id": "s", "key": "5e0b8d2f7a4c9e1b3f6a8d0c2e5b7f9a", "wlan": {"ssid": "x"}}
+    base["mqtt"] = {"host": "10.0.0.1"}
+    for key in ("esp32s2", "esp32c6"):  # chips esptool knows and holdover does not
+        assert any("chip: must be one of" in p for p in check_text(json.dumps({**base, "chip": key})))
+        rom = CHIP_DEFS[key]
+        other = Chip(key, rom.CHIP_NAME, rom.BOOTLOADER_FLASH_OFFSET, rom.IMAGE_CHIP_ID, "")
+        with pytest.raises(flash.FlashError, match="not one holdover supports"):
+            flash.plan(_image(tmp_path, other), "/dev/ttyUSB0")
+        with pytest.raises(flash.FlashError, match=f"--chip {key}: not one of auto, esp32"):
+            flash.plan(_image(tmp_path, CHIPS["esp32"]), "/dev/ttyUSB0", chip=key)
 
 
 def test_an_image_for_another_chip_is_refused(tmp_path: Path) -> None:

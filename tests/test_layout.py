@@ -68,3 +68,30 @@ def test_only_the_cli_speaks_typer(path: Path) -> None:
         assert not any(n == "typer" or n.startswith("typer.") for n in names), (
             f"{rel} imports typer: commands live in cli/"
         )
+
+
+SQL_CALLS = {"execute", "executemany", "executescript"}
+
+
+def _ledger_module(tree: ast.Module) -> bool:
+    return any(
+        isinstance(n, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id == "Ledger" for b in n.bases)
+        for n in tree.body
+    )
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_journal_and_the_ledgers_speak_sql(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    if path.relative_to(ROOT).as_posix() == "journal.py" or _ledger_module(tree):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            assert node.func.attr not in SQL_CALLS, (
+                f"{path.relative_to(ROOT)}:{node.lineno} runs SQL: ask the journal or a wing's Ledger instead"
+            )
+
+
+def test_the_sql_rule_sees_the_ledgers() -> None:
+    ledgers = [p for p in ROOT.rglob("*.py") if _ledger_module(ast.parse(p.read_text()))]
+    assert len(ledgers) >= 4, ledgers

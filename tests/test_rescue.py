@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from conftest import Toy, losses, wait_for
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.rescue import Rescuer
+from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import ProtectSettings
 from holdover.train import ckpt, registry
 
@@ -87,15 +89,15 @@ def test_power_cut_on_the_sentinel_gets_a_verified_checkpoint_that_resumes_exact
 
         def verified():
             with Journal(journal, readonly=True) as j:
-                return [s for s in j.steps() if s["action"] == "verified"]
+                return [s for s in RescueLedger(j).steps() if s["action"] == "verified"]
 
         found = wait_for(verified, 60, "a verified checkpoint")[0]
         step = found["detail"]
         assert found["target"].startswith("toy:") and step["bytes"] > 0 and step["mb_s"] > 0
         with Journal(journal, readonly=True) as j:
-            actions = [s["action"] for s in j.steps() if s["target"] != "*"]
+            actions = [s["action"] for s in RescueLedger(j).steps() if s["target"] != "*"]
             assert actions[:2] == ["requested", "queued"] and "done" in actions
-            rescue = j.rescues()[0]
+            rescue = RescueLedger(j).rescues()[0]
             assert rescue["reason"] == protocol.MAINS_LOST
             # The sentinel's runtime, less the margin (60 s), set the deadline: not the default.
             assert abs(rescue["deadline"] - rescue["started"] - (runtime - 60)) < 10, (rescue, runtime)
@@ -127,7 +129,7 @@ def test_a_wedged_run_is_dumped_with_gcore_and_shm_is_copied(tmp_path: Path) -> 
         s = _settings(tmp_path, shm=[str(shm)], hang_after=2)
         with Journal(tmp_path / "j.db") as j:
             asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_LOW, runtime_s=300)))
-            steps = {x["action"]: x["detail"] for x in j.steps() if x["target"] != "*"}
+            steps = {x["action"]: x["detail"] for x in RescueLedger(j).steps() if x["target"] != "*"}
             alerts = [e.kind for e in j.events()]
         assert "hung" in steps and "rescued" in steps, steps
         core = Path(steps["gcore"]["core"])
@@ -147,8 +149,9 @@ def test_a_wedged_run_is_dumped_with_gcore_and_shm_is_copied(tmp_path: Path) -> 
 
 
 def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path) -> None:
-    # Steps of 1.5 s: the request waits in the run's queue while the first bridge goes away.
-    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "1.5") as run:
+    # Steps of 3 s, and the run stopped (SIGSTOP) the moment its answer is journaled: the request
+    # waits in its queue while the first bridge goes away, even on a loaded machine.
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "3") as run:
         run.registration()
         s = _settings(tmp_path)
         db = tmp_path / "j.db"
@@ -157,12 +160,20 @@ def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path
             with Journal(db) as j:
                 r = Rescuer(s, j)
                 await _drive(r, _event(j, protocol.MAINS_LOST), idle=False)
-                await asyncio.to_thread(wait_for, lambda: any(x["action"] == "queued" for x in j.steps()), 30, "queued")
+
+                def queued() -> bool:
+                    if any(x["action"] == "queued" for x in RescueLedger(j).steps()):
+                        run.proc.send_signal(signal.SIGSTOP)
+                        return True
+                    return False
+
+                await asyncio.to_thread(wait_for, queued, 30, "queued")
                 await r.close()  # the bridge stops (or crashes) here
 
         asyncio.run(first())
+        run.proc.send_signal(signal.SIGCONT)
         with Journal(db) as j:
-            assert j.rescues()[0]["state"] == "active"
+            assert RescueLedger(j).rescues()[0]["state"] == "active"
 
             async def second() -> None:
                 r = Rescuer(s, j)
@@ -170,9 +181,9 @@ def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path
                 await asyncio.wait_for(r.wait_idle(), 60)
 
             asyncio.run(second())
-            actions = [x["action"] for x in j.steps() if x["target"] != "*"]
-            ids = {x["detail"]["id"] for x in j.steps() if x["action"] == "requested"}
-            assert j.rescues()[0]["state"] == "finished"
+            actions = [x["action"] for x in RescueLedger(j).steps() if x["target"] != "*"]
+            ids = {x["detail"]["id"] for x in RescueLedger(j).steps() if x["action"] == "requested"}
+            assert RescueLedger(j).rescues()[0]["state"] == "finished"
         assert actions.count("requested") == 1 and len(ids) == 1 and "verified" in actions
         assert len(ckpt.candidates(run.ckpt)) == 1
         status = run.ask({"op": "status"})[0]
@@ -189,13 +200,13 @@ def test_mains_back_within_the_grace_time_saves_nothing(tmp_path: Path) -> None:
             await asyncio.sleep(0.2)
             r.on_event(_event(j, protocol.MAINS_RESTORED))
             await asyncio.sleep(0.6)
-            assert j.rescues() == []
+            assert RescueLedger(j).rescues() == []
             r.on_event(_event(j, protocol.MAINS_LOST))  # this time it stays off
             await asyncio.sleep(0.8)
             await r.wait_idle()
 
         asyncio.run(go())
-        assert [x["reason"] for x in j.rescues()] == [protocol.MAINS_LOST]
+        assert [x["reason"] for x in RescueLedger(j).rescues()] == [protocol.MAINS_LOST]
 
 
 def test_signal_fallback_and_the_final_command_on_critical_battery(tmp_path: Path) -> None:
@@ -206,9 +217,9 @@ def test_signal_fallback_and_the_final_command_on_critical_battery(tmp_path: Pat
         s = _settings(tmp_path, final_command=f"echo bye > {flag}")
         with Journal(tmp_path / "j.db") as j:
             asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_CRITICAL, runtime_s=90)))
-            actions = [x["action"] for x in j.steps()]
-            deadline = j.rescues()[0]["deadline"]
-            started = j.rescues()[0]["started"]
+            actions = [x["action"] for x in RescueLedger(j).steps()]
+            deadline = RescueLedger(j).rescues()[0]["deadline"]
+            started = RescueLedger(j).rescues()[0]["started"]
         assert "signalled" in actions and "verified" in actions
         assert actions.index("verified") < actions.index("final_command") < actions.index("final_done")
         assert flag.read_text().strip() == "bye"
@@ -218,8 +229,8 @@ def test_signal_fallback_and_the_final_command_on_critical_battery(tmp_path: Pat
 def test_a_repeated_trigger_event_starts_no_second_rescue(tmp_path: Path) -> None:
     with Journal(tmp_path / "j.db") as j:
         ev = _event(j, protocol.BATTERY_LOW)
-        assert j.rescue_open(ev.id, "s1", ev.kind, time.time() + 60, False) is not None
-        assert j.rescue_open(ev.id, "s1", ev.kind, time.time() + 60, False) is None
+        assert RescueLedger(j).open(ev.id, "s1", ev.kind, time.time() + 60, False) is not None
+        assert RescueLedger(j).open(ev.id, "s1", ev.kind, time.time() + 60, False) is None
 
 
 def test_registrations_that_are_garbage_or_stale_are_reported(tmp_path: Path) -> None:
@@ -252,7 +263,7 @@ def test_a_save_that_hits_a_full_disk_alerts_and_falls_back_leaving_the_old_chec
         s = _settings(tmp_path, gcore=False, shm=[])
         with Journal(tmp_path / "j.db") as j:
             asyncio.run(_drive(Rescuer(s, j), _event(j, protocol.BATTERY_LOW)))
-            failed = [x for x in j.steps() if x["action"] == "failed"]
+            failed = [x for x in RescueLedger(j).steps() if x["action"] == "failed"]
             alerts = j.events(kind="checkpoint_failed")
         assert failed and "disk full" in failed[0]["detail"]["error"]
         assert any("disk full" in e.data["detail"] for e in alerts)

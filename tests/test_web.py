@@ -21,6 +21,7 @@ from conftest import wait_for
 from holdover.journal import Journal
 from holdover.lab.broker import free_port
 from holdover.lab.targets import TcpTarget
+from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import WebSettings
 from holdover.web.server import make_server
 
@@ -129,7 +130,7 @@ def test_every_post_is_refused_without_the_token_and_works_with_it(api) -> None:
 
     def rescue_opened() -> bool:
         with Journal(_rig.dir / "journal.db", readonly=True) as j:
-            return [x["reason"] for x in j.rescues()] == ["checkpoint_requested"]
+            return [x["reason"] for x in RescueLedger(j).rescues()] == ["checkpoint_requested"]
 
     wait_for(rescue_opened, 10, "the emergency checkpoint the API asked for")
 
@@ -302,7 +303,7 @@ def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) ->
     uplink = {"targets": [{"kind": "tcp", "host": "127.0.0.1", "port": target.port}]}
     try:
         rig = rig_factory(firmware={"battery": battery, "uplink": uplink})
-        rig.bridge.bridge.journal.SAMPLE_EVERY_S = 0.0  # every state a point, not one per 10 s
+        rig.bridge.bridge.gate.history.every_s = 0.0  # every state a point, not one per 10 s
         rig.wait("boot", 15)
         for _ in range(3):  # each event sends a state: six points
             since = time.monotonic()

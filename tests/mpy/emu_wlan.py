@@ -3,16 +3,10 @@
 import json
 import time
 
-from board_emu import _WLAN
+from emu_world import WLAN
 
-
-class World:
-    def __init__(self):
-        self.world = {"wlan": True}
-
-
-board = World()
-w = _WLAN(board)
+world = {"wlan": True}  # the access point, as emu_world.World reads it
+w = WLAN(world)
 out = {}
 w.active(True)
 w.connect("lab", "pw")
@@ -25,7 +19,7 @@ except OSError as e:
 t = time.ticks_ms()
 w.tick(time.ticks_add(t, 400))
 out["joined"] = w.isconnected()
-board.world["wlan"] = False  # the access point goes away
+world["wlan"] = False  # the access point goes away
 w.tick(time.ticks_add(t, 500))
 out["status_after_drop"] = w.status()  # the driver is already reconnecting by itself
 try:
@@ -37,7 +31,7 @@ w.tick(time.ticks_add(t, 2100))
 out["status_no_ap"] = w.status()
 w.tick(time.ticks_add(t, 2150))
 out["status_retrying"] = w.status()
-board.world["wlan"] = True
+world["wlan"] = True
 w.tick(time.ticks_add(t, 2500))
 out["rejoined_by_itself"] = w.isconnected()
 print(json.dumps(out))

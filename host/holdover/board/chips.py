@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from holdover.firmware import pins
+
 
 @dataclass(frozen=True)
 class Chip:
@@ -21,17 +23,15 @@ class Chip:
         return 0x8000 - self.offset
 
 
-CHIPS = {
-    c.key: c
-    for c in (
-        # The original ESP32 and the S2 keep their ROM's first 4 KiB free: the bootloader goes at 0x1000.
-        Chip("esp32", "ESP32", 0x1000, 0, "xtensawin"),
-        Chip("esp32s2", "ESP32-S2", 0x1000, 2, "xtensawin"),
-        Chip("esp32s3", "ESP32-S3", 0x0, 9, "xtensawin"),
-        Chip("esp32c3", "ESP32-C3", 0x0, 5, "rv32imc"),
-        Chip("esp32c6", "ESP32-C6", 0x0, 13, "rv32imc"),
-    )
+# Where each chip's image goes and what it carries. Which chips there are is the firmware's
+# (pins.NAMES): a chip the board config refuses is one `holdover flash` refuses too.
+_FLASH = {
+    # The original ESP32 keeps its ROM's first 4 KiB free: the bootloader goes at 0x1000.
+    "esp32": ("ESP32", 0x1000, 0, "xtensawin"),
+    "esp32s3": ("ESP32-S3", 0x0, 9, "xtensawin"),
+    "esp32c3": ("ESP32-C3", 0x0, 5, "rv32imc"),
 }
+CHIPS = {key: Chip(key, *_FLASH[key]) for key in pins.NAMES}
 
 
 def by_name(chip_name: str) -> Chip | None:

@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from holdover.firmware import protocol
+from holdover.firmware import pins, protocol
 
 # The firmware imports its siblings by their bare names, as MicroPython's flat path has them.
 sys.modules.setdefault("protocol", protocol)
+sys.modules.setdefault("pins", pins)
 from holdover.firmware import config as board_config  # noqa: E402
 
 

@@ -23,7 +23,7 @@ PARTITION_MAGIC = b"\xaa\x50"  # the first entry of an ESP-IDF partition table
 MAX_IMAGE = 16 << 20  # the largest flash an ESP32 module carries
 BAUD = 460800
 
-# USB-to-serial bridges on ESP32 boards, and Espressif's own USB (S2/S3/C3/C6 boards without one).
+# USB-to-serial bridges on ESP32 boards, and Espressif's own USB (S3/C3 boards without one).
 USB_IDS: dict[tuple[int, int], str] = {
     (0x10C4, 0xEA60): "Silicon Labs CP210x",
     (0x1A86, 0x7523): "WCH CH340",

@@ -17,7 +17,7 @@ from holdover.errors import HoldoverError
 
 MANIFEST = "manifest.py"
 # Run by the emulator only: the unix port's board layer and its entry point.
-EMULATOR_ONLY = ("board_emu.py", "emu_main.py")
+EMULATOR_ONLY = ("board_emu.py", "emu_world.py", "emu_control.py", "emu_main.py")
 # Run as source by name (MicroPython runs main.py after boot.py); everything else goes as .mpy.
 SOURCE = ("main.py",)
 

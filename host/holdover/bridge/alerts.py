@@ -31,6 +31,7 @@ from typing import Any
 
 from holdover import events
 from holdover.bridge import notify
+from holdover.bridge.alert_outbox import AlertOutbox
 from holdover.journal import Event, Journal
 from holdover.node.dongle import Dongle, DongleError
 from holdover.settings import SMS_SCHEME, AlertChannelSettings, AlertSettings, sms_numbers
@@ -100,6 +101,7 @@ class Alerts:
         self.wan_down = wan_down  # channels with when = "wan_down" are used only while it says so
         self.dongle = dongle  # sends the dongle-sms:// channels
         self.journal = journal
+        self.outbox = AlertOutbox(journal)
         self.publish = publish  # the readable copy for MQTT holdover/alerts
         self.clock = clock
         self.channels: dict[str, AlertChannelSettings] = {c.name: c for c in settings.channels}
@@ -158,7 +160,7 @@ class Alerts:
 
     def _deliver(self, to: set[str], severity: str, kind: str, sid: str, title: str, body: str) -> None:
         for name in sorted(to):
-            self.journal.alert_queue(name, severity, kind, sid, title, body)
+            self.outbox.queue(name, severity, kind, sid, title, body)
         if self.publish is not None and self.s.mqtt:
             try:
                 self.publish(f"{title}\n{body}")
@@ -211,17 +213,17 @@ class Alerts:
     async def _send_due(self) -> None:
         now = self.clock()
         due: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for row in self.journal.alerts_due(now):
+        for row in self.outbox.due(now):
             due[row["channel"]].append(row)
         for name, rows in due.items():
             channel = self.channels.get(name)
             if channel is None:  # removed from the config since: kept, not sent, said once
-                self.journal.alert_retry([r["id"] for r in rows], now + HOUR, f"no channel {name!r} configured")
+                self.outbox.retry([r["id"] for r in rows], now + HOUR, f"no channel {name!r} configured")
                 continue
-            sent = self.journal.alert_messages_since(name, now - HOUR)
+            sent = self.outbox.messages_since(name, now - HOUR)
             room = channel.per_hour - len(sent)
             if room <= 0:
-                self.journal.alert_retry([r["id"] for r in rows], sent[0] + HOUR, "rate limit: held")
+                self.outbox.retry([r["id"] for r in rows], sent[0] + HOUR, "rate limit: held")
                 continue
             batches = [[r] for r in rows] if len(rows) <= room else [rows]  # over the limit: one merged
             for batch in batches:
@@ -241,11 +243,11 @@ class Alerts:
         ids = [r["id"] for r in rows]
         now = self.clock()
         if result.ok:
-            self.journal.alerts_sent(ids, now, ids[0])
+            self.outbox.sent(ids, now, ids[0])
             return
         attempts = max(r["attempts"] for r in rows) + 1
         wait = min(self.s.retry_max_s, 2.0**attempts)
-        self.journal.alert_retry(ids, now + wait, result.error)
+        self.outbox.retry(ids, now + wait, result.error)
         log.warning(
             "alert %r not delivered to %s (try %d): %s; again in %.0f s",
             title,

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from holdover.bridge.history import History
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 
@@ -42,9 +43,11 @@ class Gate:
     journal: Journal
     _signers: dict[str, protocol.Signer] = field(default_factory=dict)
     _state_via: dict[str, str] = field(default_factory=dict)  # the channel the held snapshot came by
+    history: History = field(init=False)
 
     def __post_init__(self) -> None:
         self._signers = {sid: protocol.Signer(k) for sid, k in self.keys.items()}
+        self.history = History(self.journal)
 
     def _reject(self, source: str, topic: str | None, payload: bytes, reason: str, detail: str, **kw: Any) -> Verdict:
         log.warning("rejected from %s on %s: %s: %s", source, topic, reason, detail)
@@ -154,5 +157,6 @@ class Gate:
         elif prev and prev["state_ts"] and body["ts"] and body["ts"] < prev["state_ts"]:
             return self._reject(source, topic, payload, STALE_STATE, f"older than the snapshot held (ts {body['ts']})")
         self.journal.set_state(body)
+        self.history.record(sid, body["data"])
         self._state_via[sid] = source
         return Verdict(True, leaf=protocol.STATE, sid=sid, state=body)

@@ -54,9 +54,7 @@ def check_config(
 def flash(
     image: Path = typer.Argument(..., help="A full MicroPython image for the board (the .bin from micropython.org)."),
     port: str | None = typer.Option(None, "--port", "-p", help=PORT_HELP),
-    chip: str = typer.Option(
-        "auto", "--chip", help="auto (from the image), esp32, esp32s2, esp32s3, esp32c3 or esp32c6."
-    ),
+    chip: str = typer.Option("auto", "--chip", help="auto (from the image), esp32, esp32s3 or esp32c3."),
     erase: bool = typer.Option(True, "--erase/--no-erase", help="Erase the whole flash first (the board's files too)."),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print what would be done and the esptool commands; touch nothing."

@@ -24,6 +24,7 @@ from holdover.journal import Journal
 from holdover.lab.broker import BrokerError, free_port
 from holdover.lab.rig import Rig, Seen
 from holdover.lab.targets import TcpTarget
+from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import WebSettings
 from holdover.train import ckpt, registry
 
@@ -93,7 +94,7 @@ def _verified(journal: Path, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with Journal(journal, readonly=True) as j:
-            done = [s for s in j.steps() if s["action"] == "verified"]
+            done = [s for s in RescueLedger(j).steps() if s["action"] == "verified"]
         if done:
             return done[0]
         time.sleep(0.1)
@@ -219,7 +220,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             events = journal.events(limit=1000)
             rejected = journal.rejections()
             runs = journal.hook_runs()
-            rescues = journal.rescues()
+            rescues = RescueLedger(journal).rescues()
         console.rule("journal")
         console.print(f"accepted events: {', '.join(e.kind for e in reversed(events))}")
         console.print(f"rejected: {json.dumps([r['reason'] for r in rejected])}")

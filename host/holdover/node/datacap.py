@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from holdover.events import Polling
-from holdover.journal import Journal
+from holdover.journal import Journal, Ledger
 from holdover.node.dongle import Dongle, DongleError
 from holdover.node.failover import Failover
 from holdover.settings import DongleSettings
@@ -39,6 +39,49 @@ def month_of(ts: float) -> str:
     return time.strftime("%Y-%m", time.localtime(ts))
 
 
+class DataUsage(Ledger):
+    """The month's bytes through each device, kept in the journal, and the share last alerted."""
+
+    DDL = """
+    CREATE TABLE IF NOT EXISTS data_usage (
+        month TEXT,
+        dev TEXT,
+        bytes INTEGER NOT NULL DEFAULT 0,
+        counter INTEGER,
+        alerted REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (month, dev)
+    );
+    """
+
+    def add(self, month: str, dev: str, counter: int) -> int:
+        """The month's bytes through `dev` after the kernel's counter read `counter` now. A counter
+        below the last one was reset (a reboot, the device re-plugged): all of it is new."""
+        row = self.db.execute("SELECT bytes, counter FROM data_usage WHERE month=? AND dev=?", (month, dev)).fetchone()
+        if row is None:
+            # The first look of the month: earlier bytes belong to last month (or to before the watch).
+            last = self.db.execute(
+                "SELECT counter FROM data_usage WHERE dev=? ORDER BY month DESC LIMIT 1", (dev,)
+            ).fetchone()
+            base = 0 if last is None or last[0] is None or counter < last[0] else counter - last[0]
+            q = "INSERT INTO data_usage (month, dev, bytes, counter) VALUES (?,?,?,?)"
+            self.db.execute(q, (month, dev, base, counter))
+            return base
+        total, before = row
+        total += counter - before if before is not None and counter >= before else counter
+        q = "UPDATE data_usage SET bytes=?, counter=? WHERE month=? AND dev=?"
+        self.db.execute(q, (total, counter, month, dev))
+        return total
+
+    def alerted(self, month: str, dev: str) -> float:
+        if not self.present:
+            return 0.0
+        row = self.db.execute("SELECT alerted FROM data_usage WHERE month=? AND dev=?", (month, dev)).fetchone()
+        return row[0] if row else 0.0
+
+    def set_alerted(self, month: str, dev: str, level: float) -> None:
+        self.db.execute("UPDATE data_usage SET alerted=? WHERE month=? AND dev=?", (level, month, dev))
+
+
 class DataCap(Polling):
     """A Reaction: counts, alerts through host events, bars the backup at the cap."""
 
@@ -53,7 +96,7 @@ class DataCap(Polling):
     ) -> None:
         self.s = settings
         self.failover = failover
-        self.journal = journal
+        self.usage = DataUsage(journal)
         self.emit = emit
         self.dongle = dongle
         self.clock = clock
@@ -68,7 +111,7 @@ class DataCap(Polling):
         now = self.clock()
         month = month_of(now)
         counter = await self.failover.netlink(counters, self.failover.ipr, self.uplink.dev)
-        kernel = self.journal.usage_add(month, self.uplink.dev, counter) if counter is not None else None
+        kernel = self.usage.add(month, self.uplink.dev, counter) if counter is not None else None
         stick = None
         if self.dongle is not None:
             with contextlib.suppress(DongleError):
@@ -77,9 +120,9 @@ class DataCap(Polling):
         cap = self.s.data_cap_mb * MB
         share = used / cap if cap else 0.0
         level = 1.0 if share >= 1.0 else self.s.cap_warn if share >= self.s.cap_warn else 0.0
-        said = self.journal.usage_alerted(month, self.uplink.dev)
+        said = self.usage.alerted(month, self.uplink.dev)
         if level > said:
-            self.journal.usage_set_alerted(month, self.uplink.dev, level)
+            self.usage.set_alerted(month, self.uplink.dev, level)
             at_cap = level >= 1.0
             self.emit(
                 DATA_CAP,

@@ -71,6 +71,12 @@ class Health:
         return flip
 
 
+def round_good(rtts: list[float | None], reliability: int) -> bool:
+    """A round is good when at least `reliability` targets answered: with several targets, one
+    lost probe is not an outage (mwan3's reliability)."""
+    return sum(r is not None for r in rtts) >= reliability
+
+
 PREPARE_EVERY_S = 30.0
 
 
@@ -147,7 +153,7 @@ class Failover:
         answered = [r for r in rtts if r is not None]
         if answered:
             h.rtt_ms = min(answered)
-        return len(answered) >= s.reliability
+        return round_good(rtts, s.reliability)
 
     async def run(self) -> None:
         left = await self.netlink(routes.repair, self.ipr)

@@ -34,6 +34,7 @@ from holdover import events, proc
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node import dump
+from holdover.node.rescue_ledger import RescueLedger
 from holdover.node.targets import Target, discover, registry_dir
 from holdover.settings import ProtectSettings
 from holdover.train import ckpt, registry
@@ -61,6 +62,7 @@ class Rescuer:
     ) -> None:
         self.s = settings
         self.journal = journal
+        self.ledger = RescueLedger(journal)
         self.react = react  # hands the host events this raises to every reaction (alerts, hooks)
         self._grace: asyncio.Task[None] | None = None
         self._active: dict[int, asyncio.Task[None]] = {}
@@ -90,10 +92,10 @@ class Rescuer:
             for rid in self._active:
                 if deadline < self._deadline[rid]:
                     self._deadline[rid] = deadline
-                    self.journal.rescue_update(rid, deadline=deadline)
+                    self.ledger.update(rid, deadline=deadline)
                 if critical and not self._critical[rid]:
                     self._critical[rid] = True
-                    self.journal.rescue_update(rid, critical=1)
+                    self.ledger.update(rid, critical=1)
             return
         if event.kind == protocol.MAINS_LOST and self.s.grace > 0:
             if not (self._grace and not self._grace.done()):
@@ -108,7 +110,7 @@ class Rescuer:
         self._open(event, deadline, False)
 
     def _open(self, event: Event, deadline: float, critical: bool) -> None:
-        rid = self.journal.rescue_open(event.id, event.sid, event.kind, deadline, critical)
+        rid = self.ledger.open(event.id, event.sid, event.kind, deadline, critical)
         if rid is None:
             return  # this event already started a rescue (e.g. before a bridge restart)
         log.warning(
@@ -132,7 +134,7 @@ class Rescuer:
     def recover(self) -> int:
         """Resume the rescues a previous bridge left active; returns how many."""
         n = 0
-        for r in self.journal.rescues(state="active"):
+        for r in self.ledger.rescues(state="active"):
             log.warning("resuming rescue %d (%s) left active by a previous bridge", r["id"], r["reason"])
             self._start(r["id"], r["deadline"], bool(r["critical"]))
             n += 1
@@ -165,24 +167,24 @@ class Rescuer:
         targets, problems = discover(self.s)
         for p in problems:
             log.warning("%s", p)
-        self.journal.step(rid, "*", None, "targets", names=[t.key for t in targets], problems=problems)
+        self.ledger.step(rid, "*", None, "targets", names=[t.key for t in targets], problems=problems)
         results = await asyncio.gather(*(self._protect(rid, t) for t in targets), return_exceptions=True)
         outcomes = {}
         for t, r in zip(targets, results, strict=True):
             if isinstance(r, BaseException):
                 log.error("rescue of %s failed: %r", t.key, r)
-                self.journal.step(rid, t.key, t.pid, "error", error=repr(r))
+                self.ledger.step(rid, t.key, t.pid, "error", error=repr(r))
                 outcomes[t.key] = "error"
             else:
                 outcomes[t.key] = r
         if self._critical.get(rid) and self.s.final_command:
             await self._final(rid)
-        self.journal.rescue_update(rid, state="finished", finished=time.time())
-        self.journal.step(rid, "*", None, "finished", outcomes=outcomes)
+        self.ledger.update(rid, state="finished", finished=time.time())
+        self.ledger.step(rid, "*", None, "finished", outcomes=outcomes)
 
     async def _protect(self, rid: int, t: Target) -> str:
         # What a previous bridge already did for this target in this rescue (empty on a first run).
-        past = self.journal.steps(rid, t.key)
+        past = self.ledger.steps(rid, t.key)
         done = [s["action"] for s in past]
         for final in ("verified", "rescued", "lost"):
             if final in done:
@@ -198,7 +200,7 @@ class Rescuer:
                 manifest = await asyncio.to_thread(ckpt.verify, directory)
                 vs = time.monotonic() - t0
                 mb_s = manifest.nbytes / max(info.get("seconds") or 1e-9, 1e-9) / 1e6
-                self.journal.step(
+                self.ledger.step(
                     rid,
                     t.key,
                     t.pid,
@@ -227,7 +229,7 @@ class Rescuer:
                 )
                 return "verified"
             except ckpt.CheckpointError as e:
-                self.journal.step(rid, t.key, t.pid, "verify_failed", error=str(e))
+                self.ledger.step(rid, t.key, t.pid, "verify_failed", error=str(e))
                 self._raise("checkpoint_bad", t, f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
 
@@ -241,19 +243,19 @@ class Rescuer:
         if t.socket and Path(t.socket).exists():
             if request_id is None:
                 request_id = uuid.uuid4().hex[:12]
-                self.journal.step(rid, t.key, t.pid, "requested", id=request_id, via="socket")
+                self.ledger.step(rid, t.key, t.pid, "requested", id=request_id, via="socket")
             try:
                 return await self._follow(rid, t, request_id, give_up)
             except (OSError, ConnectionError) as e:
-                self.journal.step(rid, t.key, t.pid, "socket_failed", error=str(e))
+                self.ledger.step(rid, t.key, t.pid, "socket_failed", error=str(e))
         if any(s["action"] == "signalled" for s in past):
             log.info("%s: already signalled before a restart; not signalling twice", t.key)
         elif t.signal:
-            self.journal.step(rid, t.key, t.pid, "signalled", signal=signal.Signals(t.signal).name)
+            self.ledger.step(rid, t.key, t.pid, "signalled", signal=signal.Signals(t.signal).name)
             try:
                 os.kill(t.pid, t.signal)
             except ProcessLookupError:
-                self.journal.step(rid, t.key, t.pid, "lost", error="the process is gone")
+                self.ledger.step(rid, t.key, t.pid, "lost", error="the process is gone")
                 return None
         else:
             return None
@@ -276,11 +278,11 @@ class Rescuer:
                 remaining = give_up() - time.time()
                 quiet = self.s.hang_after - (time.monotonic() - last_progress)
                 if remaining <= 0:
-                    self.journal.step(rid, t.key, t.pid, "too_late", state=state)
+                    self.ledger.step(rid, t.key, t.pid, "too_late", state=state)
                     self._raise("checkpoint_late", t, f"{t.name}: no checkpoint before the deadline ({state})")
                     return None
                 if quiet <= 0:
-                    self.journal.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
+                    self.ledger.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
                     self._raise(
                         "checkpoint_hung",
                         t,
@@ -293,7 +295,7 @@ class Rescuer:
                 last_progress = time.monotonic()
                 new = msg.get("state", state)
                 if new != state:
-                    self.journal.step(rid, t.key, t.pid, new, **{k: v for k, v in msg.items() if k != "state"})
+                    self.ledger.step(rid, t.key, t.pid, new, **{k: v for k, v in msg.items() if k != "state"})
                     state = new
                 if state == "done":
                     return Path(msg["dir"]), msg
@@ -310,7 +312,7 @@ class Rescuer:
         path = registry.registration_path(registry_dir(self.s), t.reg.name, t.reg.rank) if t.reg else None
         while time.time() < give_up():
             if not registry.pid_alive(t.pid):
-                self.journal.step(rid, t.key, t.pid, "lost", error="the process exited before saving")
+                self.ledger.step(rid, t.key, t.pid, "lost", error="the process exited before saving")
                 return None
             try:
                 reg = registry.Registration.from_json(path.read_text()) if path else None
@@ -318,10 +320,10 @@ class Rescuer:
                 reg = None
             if reg and reg.last_save and reg.last_save.at >= since:
                 info = {"seconds": reg.last_save.seconds, "step": reg.last_save.step}
-                self.journal.step(rid, t.key, t.pid, "done", dir=reg.last_save.directory, **info)
+                self.ledger.step(rid, t.key, t.pid, "done", dir=reg.last_save.directory, **info)
                 return Path(reg.last_save.directory), info
             await asyncio.sleep(0.2)
-        self.journal.step(rid, t.key, t.pid, "too_late", state="signalled")
+        self.ledger.step(rid, t.key, t.pid, "too_late", state="signalled")
         self._raise("checkpoint_late", t, f"{t.name}: no checkpoint after the signal before the deadline")
         return None
 
@@ -330,26 +332,26 @@ class Rescuer:
         ok = False
         if self.s.gcore and registry.pid_alive(t.pid):
             timeout = max(self._deadline[rid] - time.time(), 5.0)
-            self.journal.step(rid, t.key, t.pid, "gcore_started", dir=str(out))
+            self.ledger.step(rid, t.key, t.pid, "gcore_started", dir=str(out))
             r = await dump.gcore(t.pid, out, t.name, timeout)
-            self.journal.step(rid, t.key, t.pid, "gcore" if r.ok else "gcore_failed", **r.detail)
+            self.ledger.step(rid, t.key, t.pid, "gcore" if r.ok else "gcore_failed", **r.detail)
             ok |= r.ok
         if self.s.shm:
             r = await dump.copy_shm(self.s.shm, out)
-            self.journal.step(rid, t.key, t.pid, "shm_copy", **r.detail)
+            self.ledger.step(rid, t.key, t.pid, "shm_copy", **r.detail)
             ok |= bool(r.detail.get("files"))
         if ok:
-            self.journal.step(rid, t.key, t.pid, "rescued", dir=str(out))
+            self.ledger.step(rid, t.key, t.pid, "rescued", dir=str(out))
             self._raise("rescued", t, f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
             return "rescued"
-        self.journal.step(rid, t.key, t.pid, "lost", error="no checkpoint and no dump")
+        self.ledger.step(rid, t.key, t.pid, "lost", error="no checkpoint and no dump")
         self._raise("lost", t, f"{t.name}: nothing could be saved")
         return "lost"
 
     async def _final(self, rid: int) -> None:
-        self.journal.step(rid, "*", None, "final_command", command=self.s.final_command)
+        self.ledger.step(rid, "*", None, "final_command", command=self.s.final_command)
         r = await proc.run(self.s.final_command, timeout=self.s.final_timeout, keep=2000)
         if r.outcome == "timeout":
-            self.journal.step(rid, "*", None, "final_timeout", timeout=self.s.final_timeout)
+            self.ledger.step(rid, "*", None, "final_timeout", timeout=self.s.final_timeout)
         else:
-            self.journal.step(rid, "*", None, "final_done", returncode=r.rc, output=r.output)
+            self.ledger.step(rid, "*", None, "final_done", returncode=r.rc, output=r.output)

@@ -12,11 +12,12 @@ from typing import Any
 from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Journal
+from holdover.node.rescue_ledger import RescueLedger
 
 
 def sentinels(journal: Journal, configured: list[str]) -> list[dict[str, Any]]:
     """Every configured sentinel and every one the journal has heard of, with its last state."""
-    seen = [r[0] for r in journal.db.execute("SELECT sid FROM sentinels ORDER BY sid")]
+    seen = journal.sentinel_ids()
     out = []
     for sid in sorted(set(configured) | set(seen)):
         held = journal.sentinel(sid) or {}
@@ -70,7 +71,7 @@ def uplinks(journal: Journal) -> dict[str, Any]:
 def checkpoints(journal: Journal, limit: int = 50) -> list[dict[str, Any]]:
     """Verified emergency checkpoints, newest first: which run, its size, how long, how fast."""
     out = []
-    for s in reversed(journal.steps()):
+    for s in reversed(RescueLedger(journal).steps()):
         if s["action"] != "verified":
             continue
         d = s["detail"]

@@ -18,7 +18,7 @@ router = APIRouter(tags=["health"])
 async def healthz(b: Bridge = Depends(bridge)) -> JSONResponse:
     checks: dict[str, Any] = {}
     try:
-        b.journal.db.execute("SELECT 1").fetchone()
+        b.journal.ping()
         checks["journal"] = "ok"
     except sqlite3.Error as e:
         checks["journal"] = f"error: {e}"

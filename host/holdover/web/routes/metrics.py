@@ -47,15 +47,15 @@ class BridgeCollector(Collector):
                     loss.add_metric([sid, str(t.get("name"))], float(t["loss_pct"]))
         yield from (online, mains, pct, volts, runtime, uplink, rtt, loss)
         ev = CounterMetricFamily("holdover_events", "events journaled", labels=["sentinel", "kind"])
-        for sid, kind, n in b.journal.db.execute("SELECT sid, kind, COUNT(*) FROM events GROUP BY sid, kind"):
+        for sid, kind, n in b.journal.event_counts():
             ev.add_metric([sid, kind], float(n))
         yield ev
         rej = CounterMetricFamily("holdover_rejections", "messages refused", labels=["reason"])
-        for reason, n in b.journal.db.execute("SELECT reason, COUNT(*) FROM rejections GROUP BY reason"):
+        for reason, n in b.journal.rejection_counts().items():
             rej.add_metric([reason], float(n))
         yield rej
         unsent = GaugeMetricFamily("holdover_alerts_unsent", "alerts waiting in the outbox", labels=["channel"])
-        for ch, n in b.journal.db.execute("SELECT channel, COUNT(*) FROM alert_outbox WHERE sent IS NULL GROUP BY 1"):
+        for ch, n in b.alerts.outbox.unsent().items():
             unsent.add_metric([ch], float(n))
         yield unsent
         if b.failover is not None:

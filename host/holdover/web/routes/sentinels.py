@@ -38,7 +38,7 @@ async def list_sentinels(b: Bridge = Depends(bridge)) -> list[dict[str, Any]]:
 @router.get("/{sid}/history")
 async def history(sid: str, hours: float = Query(6.0, gt=0, le=168), b: Bridge = Depends(bridge)) -> dict[str, Any]:
     """Battery volts and the best probe RTT over the last hours: [ts, battery_v, rtt_ms] points."""
-    return {"sid": sid, "points": b.journal.samples(sid, time.time() - hours * 3600)}
+    return {"sid": sid, "points": b.gate.history.points(sid, time.time() - hours * 3600)}
 
 
 @router.get("/{sid}")

@@ -1,0 +1,119 @@
+"""The journal's schema version and migrations: a journal written before schema versions (kept as
+a SQL dump in tests/fixtures) opens, is brought up to VERSION once, and every row it held reads
+back through the journal and the wings' ledgers."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from holdover.bridge.alert_outbox import AlertOutbox
+from holdover.bridge.history import History
+from holdover.journal import VERSION, Journal, JournalError
+from holdover.node.datacap import DataUsage
+from holdover.node.rescue_ledger import RescueLedger
+
+FIXTURE = Path(__file__).parent / "fixtures" / "journal-b674fac.sql"
+
+
+def _old_journal(path: Path, drop_seen_ts: bool = False) -> Path:
+    db = sqlite3.connect(path)
+    db.executescript(FIXTURE.read_text())
+    if drop_seen_ts:  # the journals older still, before the column existed
+        db.executescript("ALTER TABLE sentinels DROP COLUMN seen_ts;")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+    db.close()
+    return path
+
+
+def _every_row(j: Journal) -> dict[str, object]:
+    return {
+        "events": [(e.sid, e.boot, e.seq, e.kind, e.source, e.data) for e in reversed(j.events())],
+        "rejections": [(r["source"], r["topic"], r["reason"]) for r in j.rejections()],
+        "hook_runs": [(h["hook"], h["outcome"], h["returncode"], h["output"]) for h in j.hook_runs()],
+        "sentinels": j.sentinel_ids(),
+        "rack1": {k: v for k, v in (j.sentinel("rack1") or {}).items() if k not in ("status_ts", "seen_ts")},
+        "rescues": [(r["sid"], r["reason"], r["state"], r["finished"]) for r in RescueLedger(j).rescues()],
+        "steps": [(s["target"], s["pid"], s["action"], s["detail"]) for s in RescueLedger(j).steps()],
+        "alerts": [(a["channel"], a["kind"], a["sent"], a["attempts"], a["error"]) for a in AlertOutbox(j).alerts()],
+        "usage": (DataUsage(j).alerted("2026-12", "wwan0"),),
+        "history": [(v, r) for _t, v, r in History(j).points("rack1", 0)],
+    }
+
+
+WANT = {
+    "events": [
+        ("rack1", "b1", 1, "mains_lost", "mqtt", {"runtime_s": 600}),
+        ("rack1", "b1", 2, "mains_back", "serial", {"lost_ms": 7800}),
+        ("node", "host", 1, "failover", "bridge", {"uplink": "lte", "uplinks": ["wan", "lte"]}),
+    ],
+    "rejections": [("mqtt", "holdover/rack1/event", "bad_signature"), ("serial", None, "garbled")],
+    "hook_runs": [("on_mains_lost", "ok", 0, "hook said hi")],
+    "sentinels": ["rack1"],
+    "rack1": {
+        "sid": "rack1",
+        "status": "online",
+        "boot": "b1",
+        "seq": 3,
+        "state_ts": 1764800010,
+        "state": {
+            "mains": False,
+            "battery_v": 3.9,
+            "battery_pct": 80,
+            "targets": [{"rtt_ms": 12.5}, {"rtt_ms": 9.0}],
+        },
+    },
+    "rescues": [("rack1", "mains_lost", "finished", 1764800020.0)],
+    "steps": [
+        ("*", None, "targets", {"names": ["run1"], "problems": []}),
+        ("run1", 4242, "verified", {"dir": "/ck/step_000000010", "bytes": 1000, "seconds": 0.5, "step": 10}),
+    ],
+    "alerts": [("phone", "mains_lost", 1764800001.0, 0, None), ("phone", "mains_back", None, 1, "HTTP 503")],
+    "usage": (0.8,),
+    "history": [(3.9, 9.0)],
+}
+
+
+def test_a_journal_from_before_schema_versions_reads_every_row_read_only(tmp_path: Path) -> None:
+    path = _old_journal(tmp_path / "old.db")
+    with Journal(path, readonly=True) as j:
+        assert j.version == 0  # a reader never migrates (it holds no write lock)
+        assert _every_row(j) == WANT
+
+
+@pytest.mark.parametrize("drop_seen_ts", [False, True], ids=["b674fac", "before-seen_ts"])
+def test_a_journal_from_before_schema_versions_is_migrated_once_and_keeps_every_row(
+    tmp_path: Path, drop_seen_ts: bool
+) -> None:
+    path = _old_journal(tmp_path / "old.db", drop_seen_ts)
+    with Journal(path) as j:
+        assert j.version == VERSION
+        assert _every_row(j) == WANT
+        # and it goes on being written: the replay guard still holds across the migration
+        assert (
+            j.accept("mqtt", {"sid": "rack1", "boot": "b1", "seq": 2, "kind": "x", "ms": 0, "ts": 0, "data": {}})
+            is None
+        )
+    with Journal(path) as j:  # a second open finds nothing to do
+        assert j.version == VERSION
+        assert len(j.events()) == 3
+
+
+def test_a_journal_from_a_newer_holdover_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version={VERSION + 1}")
+    db.close()
+    with pytest.raises(JournalError, match=f"{path}.*newer than this holdover"):
+        Journal(path)
+
+
+def test_a_ledger_on_a_read_only_journal_without_its_tables_reads_as_empty(tmp_path: Path) -> None:
+    Journal(tmp_path / "j.db").close()  # the base tables only: no wing ever used it
+    with Journal(tmp_path / "j.db", readonly=True) as j:
+        assert RescueLedger(j).steps() == [] and RescueLedger(j).rescues() == []
+        assert AlertOutbox(j).alerts() == [] and AlertOutbox(j).unsent() == {}
+        assert History(j).points("x", 0) == []
+        assert DataUsage(j).alerted("2026-12", "wwan0") == 0.0
