@@ -41,4 +41,4 @@ def messages(cfg, sid, board_name):
             # HA cannot sign; the bridge turns ON/OFF here into a signed command (docs/protocol.md).
             c["cmd_t"] = protocol.topic(sid, protocol.RELAY_SET)
         c.update(extra)
-        yield "%s/%s/%s/%s/config" % (prefix, comp, node, oid), json.dumps(c)
+        yield protocol.ha_config_topic(prefix, comp, sid, oid), json.dumps(c)

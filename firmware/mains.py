@@ -112,6 +112,15 @@ class MainsWatch:
         self.on_change(r, held)
         return True
 
+    def snapshot(self):
+        """Its part of the sentinel's state: mains now, flickers counted, loop stalls seen."""
+        return {
+            "mains": self.present,
+            "glitches": self.glitches,
+            "loop_stalls": self.stalls,
+            "loop_stalled_ms": self.stalled_ms,
+        }
+
     async def run(self):
         import asyncio
 

@@ -97,6 +97,13 @@ LOG = "#"
 RUNTIME = "runtime_s"  # remaining runtime, carried by the state and every event while on battery
 HA_PREFIX = "homeassistant"
 
+
+def ha_config_topic(prefix, component, sid, oid):
+    # Home Assistant's discovery config of one entity of a sentinel ("+" in a filter): the board
+    # publishes these, `holdover ha-remove` empties them.
+    return "%s/%s/holdover_%s/%s/config" % (prefix, component, sid, oid)
+
+
 _PREFIX = b'{"sig":"'
 _MIDDLE = b'","body":'
 _SIG_HEX = 64

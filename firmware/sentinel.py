@@ -175,32 +175,31 @@ class Sentinel:
         self.board.serial_out(payload)  # a host on the serial side needs the runtime estimate too
 
     def snapshot(self):
-        s = {
-            "mains": self.mains.present,
-            # On the uptime scale, which never wraps: a ticks_diff against boot would turn
-            # negative after 6.2 days on the chip.
-            "mains_since_ms": self._mains_since_up,
-            "glitches": self.mains.glitches,
-            "loop_stalls": self.mains.stalls,
-            "loop_stalled_ms": self.mains.stalled_ms,
-            "boot_count": self.boot_count,
-            "reset_cause": self.reset_cause,
-            "safe_mode": self.safe_mode,
-            "uptime_ms": self.uptime_ms(),
-            "queued": self.mqtt.pending(),
-            "dropped": self.mqtt.dropped,
-            "mqtt_oversized": self.mqtt.oversized,
-            "sub_failed": self.mqtt.sub_failed,
-            "outbox_bytes": self.outbox.pending(),
-            "outbox_refused": self.outbox.refused,
-            "outbox_resent": self.outbox.resent,
-            "cmd_refused": self.cmd_refused,
-            "mem_free": gc.mem_free(),
-            "relay": self.relay.on if self.relay else None,
-            "wlan_joins": self.wifi.joins,
-            "wlan_errors": self.wifi.errors,
-            "uplink": self.uplink.status() if self.uplink else None,
-        }
+        s = self.mains.snapshot()
+        s.update(
+            {
+                # On the uptime scale, which never wraps: a ticks_diff against boot would turn
+                # negative after 6.2 days on the chip.
+                "mains_since_ms": self._mains_since_up,
+                "boot_count": self.boot_count,
+                "reset_cause": self.reset_cause,
+                "safe_mode": self.safe_mode,
+                "uptime_ms": self.uptime_ms(),
+                "queued": self.mqtt.pending(),
+                "dropped": self.mqtt.dropped,
+                "mqtt_oversized": self.mqtt.oversized,
+                "sub_failed": self.mqtt.sub_failed,
+                "outbox_bytes": self.outbox.pending(),
+                "outbox_refused": self.outbox.refused,
+                "outbox_resent": self.outbox.resent,
+                "cmd_refused": self.cmd_refused,
+                "mem_free": gc.mem_free(),
+                "relay": self.relay.on if self.relay else None,
+                "wlan_joins": self.wifi.joins,
+                "wlan_errors": self.wifi.errors,
+                "uplink": self.uplink.status() if self.uplink else None,
+            }
+        )
         if self.uplink:
             s["targets"] = self.uplink.snapshot()
         if self.led:

@@ -1,52 +1,15 @@
-"""Shared fixtures: a private Mosquitto per test, the MicroPython runner, the whole rig."""
+"""Shared fixtures: a private Mosquitto per test, the whole rig, a fake ntfy server. What tests
+share that is not a fixture is in support.py."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import queue
-import socket
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
-from holdover.board.emulator import DEFAULT_HEAP, firmware_dir, micropython_binary
-from holdover.lab.broker import free_port
 from holdover.lab.rig import Rig
-from holdover.train import registry
-
-MPY_DIR = Path(__file__).parent / "mpy"
-TOY = [sys.executable, "-m", "holdover.train.toy"]
-
-
-def run_micropython(script: str, *args: str, heap: str = DEFAULT_HEAP, timeout: float = 60) -> str:
-    """Run a script from tests/mpy in the real MicroPython unix port, with the firmware on its path."""
-    env = dict(os.environ, MICROPYPATH=f"{firmware_dir()}:.frozen")
-    proc = subprocess.run(
-        [micropython_binary(), "-X", f"heapsize={heap}", str(MPY_DIR / script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, f"micropython failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
-def run_micropython_json(script: str, payload: object, tmp_path: Path) -> object:
-    f = tmp_path / "mpy-input.json"
-    f.write_text(json.dumps(payload))
-    return json.loads(run_micropython(script, str(f)))
+from support import Ntfy
 
 
 @pytest.fixture
@@ -63,174 +26,8 @@ def rig_factory(tmp_path: Path) -> Iterator:
         r.close()
 
 
-class Listener:
-    """A paho subscriber that records (topic, payload, retained) as it arrives."""
-
-    def __init__(self, rig: Rig, topics: list[str], client_id: str = "", persistent: bool = False) -> None:
-        self.q: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
-        kw = {"client_id": client_id, "clean_session": False} if persistent else {}
-        self.c = paho.Client(CallbackAPIVersion.VERSION2, **kw)
-        self.topics = topics
-        self.subscribed = threading.Event()
-        self.session_present: bool | None = None
-        self.c.on_connect = self._on_connect
-        self.c.on_subscribe = lambda *_: self.subscribed.set()
-        self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
-        self.c.reconnect_delay_set(0.2, 1)
-        self.c.connect(rig.broker.host, rig.broker.port)
-        self.c.loop_start()
-
-    def _on_connect(self, c: paho.Client, _u: object, flags: paho.ConnectFlags, *_: object) -> None:
-        self.session_present = flags.session_present
-        # A persistent listener never subscribes again: what it hears after a reconnect is what the
-        # broker kept for its session, so a broker that loses sessions makes the test fail.
-        if not flags.session_present:
-            c.subscribe([(t, 1) for t in self.topics])
-
-    def next(self, timeout: float, match=lambda t, p, r: True) -> tuple[str, bytes, bool]:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("nothing matching arrived")
-            try:
-                item = self.q.get(timeout=left)
-            except queue.Empty:
-                continue
-            if match(*item):
-                return item
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
-
-
-# --- a protected training run (holdover.train.toy) as a child process -------------------------
-
-
-def losses(out: str) -> dict[int, float]:
-    return {d["step"]: d["loss"] for d in map(json.loads, out.splitlines()) if "step" in d}
-
-
-class Toy:
-    """The toy run as a child process, with its registration and socket."""
-
-    def __init__(self, tmp: Path, *args: str, name: str = "toy") -> None:
-        self.reg_dir = tmp / "reg"
-        self.ckpt = tmp / "ckpt"
-        self.name = name
-        env = dict(os.environ, HOLDOVER_REGISTRY=str(self.reg_dir))
-        self.proc = subprocess.Popen(
-            [*TOY, "--ckpt", str(self.ckpt), "--name", name, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-
-    def registration(self, timeout: float = 30) -> registry.Registration:
-        path = registry.registration_path(self.reg_dir, self.name)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if path.exists():
-                return registry.Registration.from_json(path.read_text())
-            assert self.proc.poll() is None, self.proc.stderr.read()
-            time.sleep(0.05)
-        raise AssertionError("the toy never registered")
-
-    def ask(self, msg: dict) -> list[dict]:
-        reg = self.registration()
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(30)
-            s.connect(reg.socket)
-            s.sendall(registry.encode(msg))
-            f = s.makefile("rb")
-            out = []
-            for line in f:
-                out.append(json.loads(line))
-                if msg["op"] == "status" or out[-1].get("state") in ("done", "failed", "unknown"):
-                    break
-            return out
-
-    def finish(self, timeout: float = 60) -> tuple[str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return out, err
-
-    def __enter__(self) -> Toy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        # A run left training (most tests ask it for steps without end) is killed and reaped.
-        self.proc.kill()
-        self.finish()
-
-
-def wait_for(pred, timeout: float, what: str):
-    """Poll pred until it returns something true; fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Ntfy:
-    """What an ntfy server does with apprise's POST: take the JSON, answer 200. Records each."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.got: list[dict[str, Any]] = []
-        self.server: ThreadingHTTPServer | None = None
-
-    def start(self) -> Ntfy:
-        got = self.got
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                got.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"id":"x"}')
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def url(self, topic: str) -> str:
-        return f"ntfy://127.0.0.1:{self.port}/{topic}"
-
-    def on(self, topic: str) -> list[dict[str, Any]]:
-        return [m for m in self.got if m["topic"] == topic]
-
-
 @pytest.fixture
 def ntfy():
     n = Ntfy().start()
     yield n
     n.stop()
-
-
-@contextlib.contextmanager
-def small_tmpfs(where: Path, options: str) -> Iterator[Path]:
-    """A tmpfs of a few MB (or a few inodes) mounted at `where`: a disk that really fills. Root only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=False)

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from conftest import Listener, Ntfy
 from holdover.bridge.alert_outbox import AlertOutbox
 from holdover.bridge.alerts import Alerts
 from holdover.bridge.service import NODE, Bridge, BridgeThread
@@ -20,6 +17,7 @@ from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.lab.broker import Broker, free_port
 from holdover.settings import AlertSettings, ConfigError, Settings, load
+from support import HOLDOVER, Listener, Ntfy, until
 
 
 def _settings(ntfy: Ntfy, **kw: Any) -> AlertSettings:
@@ -31,14 +29,6 @@ def _event(j: Journal, kind: str, sid: str = "ups1", **data: Any):
     (seq,) = j.db.execute("SELECT COUNT(*) + 1 FROM events").fetchone()
     body = {"sid": sid, "boot": "b1", "seq": seq, "kind": kind, "ms": seq, "ts": int(time.time()), "data": data}
     return j.accept("mqtt", body)
-
-
-async def _until(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def _run(alerts: Alerts, scenario) -> None:
@@ -63,9 +53,9 @@ def test_severity_routes_each_alert_and_a_recovery_closes_its_problem_everywhere
         async def scenario() -> None:
             alerts.on_event(_event(j, protocol.MAINS_LOST, runtime_s=1500, on_battery=True))
             alerts.on_event(_event(j, protocol.UPLINK_LOST))
-            await _until(lambda: len(ntfy.got) == 3, 10, "three messages")
+            await until(lambda: len(ntfy.got) == 3, 10, "three messages")
             alerts.on_event(_event(j, protocol.MAINS_RESTORED))
-            await _until(lambda: len(ntfy.got) == 5, 10, "the recovery on both")
+            await until(lambda: len(ntfy.got) == 5, 10, "the recovery on both")
 
         _run(alerts, scenario)
         assert not [a for a in AlertOutbox(j).alerts() if a["sent"] is None]
@@ -92,7 +82,7 @@ def test_a_flapping_mains_is_one_alert_each_way_then_a_summary_and_repeats_are_d
                 alerts.on_event(_event(j, protocol.MAINS_RESTORED))
             alerts.on_event(_event(j, protocol.BATTERY_LOW, sid="ups2", runtime_s=300))
             alerts.on_event(_event(j, protocol.BATTERY_LOW, sid="ups2", runtime_s=280))  # the same again
-            await _until(lambda: any("flapping" in m["title"] for m in ntfy.got), 10, "the summary")
+            await until(lambda: any("flapping" in m["title"] for m in ntfy.got), 10, "the summary")
             await asyncio.sleep(0.5)
 
         _run(alerts, scenario)
@@ -112,10 +102,10 @@ def test_a_channel_over_its_rate_gets_one_merged_message_and_nothing_is_lost(tmp
 
         async def scenario() -> None:
             alerts.on_event(_event(j, protocol.UPLINK_LOST, sid="s0"))
-            await _until(lambda: len(ntfy.got) == 1, 10, "the first")
+            await until(lambda: len(ntfy.got) == 1, 10, "the first")
             for i in range(1, 6):
                 alerts.on_event(_event(j, protocol.UPLINK_LOST, sid=f"s{i}"))
-            await _until(lambda: len(ntfy.got) == 2, 10, "the merged one")
+            await until(lambda: len(ntfy.got) == 2, 10, "the merged one")
             await asyncio.sleep(1.5)  # and nothing more: the hour's two messages are spent
             alerts.on_event(_event(j, protocol.UPLINK_LOST, sid="s6"))
             await asyncio.sleep(1.5)
@@ -137,7 +127,7 @@ def test_an_alert_the_receiver_missed_is_kept_and_sent_once_after_a_bridge_resta
 
         async def first() -> None:
             alerts.on_event(_event(j, protocol.MAINS_LOST))
-            await _until(lambda: AlertOutbox(j).alerts()[0]["attempts"] == 1, 10, "a failed try")
+            await until(lambda: AlertOutbox(j).alerts()[0]["attempts"] == 1, 10, "a failed try")
 
         _run(alerts, first)
         [row] = AlertOutbox(j).alerts()
@@ -196,8 +186,7 @@ def test_test_alert_reports_each_channel_and_a_bad_url_is_refused_by_name(tmp_pa
         f'[[alerts.channels]]\nname = "phone"\nurl = "{ntfy.url("phone")}"\n'
         f'[[alerts.channels]]\nname = "dead"\nurl = "{dead}"\n'
     )
-    holdover = Path(sys.executable).parent / "holdover"
-    r = subprocess.run([str(holdover), "test-alert", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([HOLDOVER, "test-alert", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "phone: sent"

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_micropython
 from holdover.board.config_check import check_text
+from support import HOLDOVER, run_micropython
 
 GOOD = {
     "sentinel_id": "rack1",
@@ -70,8 +69,7 @@ def test_check_config_prints_every_problem_by_key(tmp_path: Path) -> None:
     }
     f = tmp_path / "config.json"
     f.write_text(json.dumps(bad))
-    holdover = Path(sys.executable).parent / "holdover"
-    out = subprocess.run([str(holdover), "check-config", str(f)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([HOLDOVER, "check-config", str(f)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     for key in ("colour: unknown key", "sentinel_id:", "key: must be at least", "mqtt.host: must be an IPv4",
                 "mqtt.port:", "mains.pin: GPIO6 is wired to the module's SPI flash", "relay.pin:"):  # fmt: skip
@@ -80,7 +78,7 @@ def test_check_config_prints_every_problem_by_key(tmp_path: Path) -> None:
     board = _board(tmp_path, json.dumps(bad))
     assert board.startswith("error: ") and all(key in board for key in ("colour: unknown key", "relay.pin:")), board
     f.write_text(json.dumps(GOOD))
-    ok = subprocess.run([str(holdover), "check-config", str(f)], capture_output=True, text=True, timeout=60)
+    ok = subprocess.run([HOLDOVER, "check-config", str(f)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and ok.stdout.strip().endswith(": ok")
 
 
@@ -173,8 +171,7 @@ def test_the_board_and_the_bridge_refuse_the_same_weak_keys(tmp_path: Path, key:
 def test_keygen_writes_a_private_key_both_configs_accept(tmp_path: Path) -> None:
     from holdover import settings
 
-    holdover = Path(sys.executable).parent / "holdover"
-    out = subprocess.run([str(holdover), "keygen", "rack1", "--dir", str(tmp_path)], capture_output=True, text=True)
+    out = subprocess.run([HOLDOVER, "keygen", "rack1", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     path = tmp_path / "rack1.key"
     assert path.stat().st_mode & 0o777 == 0o600
@@ -184,5 +181,5 @@ def test_keygen_writes_a_private_key_both_configs_accept(tmp_path: Path) -> None
     assert _board(tmp_path, board_text) == "ok" and check_text(board_text) == []
     cfg = settings.parse({"sentinels": [{"id": "rack1", "key_file": str(path)}]})
     assert cfg.keys() == {"rack1": key.encode()}
-    again = subprocess.run([str(holdover), "keygen", "rack1", "--dir", str(tmp_path)], capture_output=True, text=True)
+    again = subprocess.run([HOLDOVER, "keygen", "rack1", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert again.returncode == 1 and "exists" in again.stderr and path.read_text().strip() == key

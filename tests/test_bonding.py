@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import wait_for
 from holdover.bridge.service import Bridge, BridgeThread
 from holdover.lab.broker import free_port
 from holdover.node.bonding import BondWatch, read
 from holdover.settings import BondingSettings, Settings
+from support import wait_for
 
 BOND = """Ethernet Channel Bonding Driver: v5.10.0
 

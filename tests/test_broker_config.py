@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -14,11 +13,10 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from conftest import wait_for
 from holdover.bridge import broker_config as bc
 from holdover.firmware import protocol
+from support import HOLDOVER, wait_for
 
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
 KEYS = {"demo": "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f", "rack2": "5e0b8d2f7a4c9e1b3f6a8d0c2e5b7f9a"}
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import Toy, losses, small_tmpfs
 from holdover.train import ckpt, registry, state
 from holdover.train.guard import Guard
 from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, drift
 from holdover.train.toy import build
+from support import Toy, losses, small_tmpfs
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -14,10 +14,10 @@ import pytest
 import torch
 import xxhash
 
-from conftest import small_tmpfs
 from holdover.train import ckpt, state
 from holdover.train.ckpt import engine
 from holdover.train.guard import Guard
+from support import small_tmpfs
 
 
 def _tensor(name: str, nbytes: int, seed: int) -> ckpt.Tensor:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
+from support import HOLDOVER
 
 
 def test_the_demo_runs_end_to_end_and_shows_what_holdover_does() -> None:

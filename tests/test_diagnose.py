@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import tomli_w
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.lab.targets import dns_answer
 from holdover.node.probe import in_netns
+from support import HOLDOVER
 
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
 KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
 PORT = 8443
 

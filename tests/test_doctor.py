@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,9 +17,9 @@ from holdover.journal import Journal
 from holdover.lab.broker import Broker, free_port
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.train import registry
+from support import HOLDOVER
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
 KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
 PORT = 8443
 

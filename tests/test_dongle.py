@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from conftest import wait_for
 from holdover.lab.hilink import HiLink
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.lab.targets import TcpTarget
 from holdover.node.dongle import Dongle, DongleError, dial, shorten
 from holdover.node.failover import Failover
 from holdover.settings import DongleSettings, FailoverSettings
+from support import wait_for
 
 PORT = 8443
 

@@ -7,13 +7,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 
-from conftest import wait_for
 from holdover.lab.broker import free_port
+from support import HOLDOVER, wait_for
 
 
 def _reply(sock: socket.socket) -> dict:
@@ -80,9 +79,8 @@ def test_holdover_emu_stopped_with_sigterm_ends_its_interpreter_and_state(tmp_pa
         )
     )
     port = free_port()
-    holdover = Path(sys.executable).parent / "holdover"
     emu = subprocess.Popen(
-        [str(holdover), "emu", "--config", str(cfg), "--control", f"127.0.0.1:{port}"],
+        [HOLDOVER, "emu", "--config", str(cfg), "--control", f"127.0.0.1:{port}"],
         env=dict(os.environ, TMPDIR=str(tmpdir)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -14,10 +14,10 @@ import pytest
 import tomli_w
 from paho.mqtt.enums import CallbackAPIVersion
 
-from conftest import wait_for
 from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.lab.rig import Rig
+from support import wait_for
 
 # Each hook appends one JSON line of what it was told, so the test sees every run.
 RECORD = (

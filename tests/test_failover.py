@@ -12,16 +12,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pyroute2.process import ChildProcess
 
-from conftest import Listener
 from holdover import events
 from holdover.bridge.service import NODE, Bridge, BridgeThread
 from holdover.firmware import protocol
@@ -31,6 +28,7 @@ from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.node import probe, routes
 from holdover.node.failover import Failover, Health, round_good
 from holdover.settings import FailoverSettings, Settings
+from support import HOLDOVER, Listener, until, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 PORT = 8080
@@ -47,15 +45,6 @@ def _settings(lab: NetLab, **kw: Any) -> FailoverSettings:
     )
 
 
-async def _until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if await asyncio.to_thread(pred):
-            return time.monotonic() - t0
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_silent_primary_fails_over_within_2s_and_fails_back_after_it_is_steady() -> None:
     with NetLab() as lab:
         lab.serve(PORT)
@@ -70,14 +59,16 @@ def test_a_silent_primary_fails_over_within_2s_and_fails_back_after_it_is_steady
 
         async def scenario() -> None:
             fo.start()
-            await _until(lambda: all(h.up for h in fo.health.values()), 5, "both uplinks judged up")
+            await until(lambda: all(h.up for h in fo.health.values()), 5, "both uplinks judged up", in_thread=True)
             assert lab.connect_from_node(PORT) == PRIMARY["addr"]
             # The primary's upstream dies without taking the link down: replies just stop.
             cut = time.monotonic()
             await asyncio.to_thread(lab.silence, PRIMARY)
-            took = await _until(lambda: lab.connect_from_node(PORT, 0.2) == BACKUP["addr"], 5, "traffic via usb0")
+            took = await until(
+                lambda: lab.connect_from_node(PORT, 0.2) == BACKUP["addr"], 5, "traffic via usb0", in_thread=True
+            )
             # The route changes on the netlink thread; the event follows on the loop a moment later.
-            await _until(lambda: got, 1, "the failover event")
+            await until(lambda: got, 1, "the failover event", in_thread=True)
             assert switched[0] - cut < 2.0, switched[0] - cut  # the defaults: 3 bad rounds of 0.4 s, worst 1.6 s
             assert took < 2.5, took  # and new connections leave through usb0 from then on
             assert [k for k, _ in got] == [events.FAILOVER]
@@ -85,7 +76,7 @@ def test_a_silent_primary_fails_over_within_2s_and_fails_back_after_it_is_steady
             assert (await fo.netlink(fo.status))["active"] == "usb"
             await asyncio.to_thread(lab.silence, PRIMARY, False)
             t = time.monotonic()
-            await _until(lambda: len(got) == 2, 10, "the failback event")
+            await until(lambda: len(got) == 2, 10, "the failback event", in_thread=True)
             # Up after 3 good rounds, then steady for failback_after: not before.
             assert switched[1] - t >= 2.0, switched[1] - t
             assert [k for k, _ in got] == [events.FAILOVER, events.FAILBACK]
@@ -116,9 +107,11 @@ def test_a_primary_whose_link_drops_fails_over_on_icmp_probes_and_close_puts_the
 
         async def scenario() -> None:
             fo.start()
-            await _until(lambda: all(h.up for h in fo.health.values()), 5, "both uplinks judged up")
+            await until(lambda: all(h.up for h in fo.health.values()), 5, "both uplinks judged up", in_thread=True)
             await asyncio.to_thread(lab.link, PRIMARY, False)
-            await _until(lambda: lab.connect_from_node(PORT, 0.3) == BACKUP["addr"], 5, "traffic via usb0")
+            await until(
+                lambda: lab.connect_from_node(PORT, 0.3) == BACKUP["addr"], 5, "traffic via usb0", in_thread=True
+            )
             await fo.close()  # the bridge stopping mid-outage: the system's own routes again
 
         asyncio.run(scenario())
@@ -209,9 +202,8 @@ def test_failover_status_probes_each_uplink_and_names_the_one_carrying_traffic(t
         )
         cfg.write_text(f'[failover]\ntargets = {json.dumps(fo["targets"])}\nnetns = "{lab.node_name}"\n{uplinks}')
         lab.silence(BACKUP)
-        holdover = Path(sys.executable).parent / "holdover"
         out = subprocess.run(
-            [str(holdover), "failover", "status", "-c", str(cfg), "--json"], capture_output=True, text=True, timeout=60
+            [HOLDOVER, "failover", "status", "-c", str(cfg), "--json"], capture_output=True, text=True, timeout=60
         )
         assert out.returncode == 0, out.stderr
         st = json.loads(out.stdout)
@@ -260,11 +252,15 @@ def test_a_bridge_killed_mid_failover_leaves_a_route_the_next_start_removes(tmp_
             '[[sentinels]]\nid = "site"\nkey = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"\n'
             f'[failover]\ntargets = {json.dumps(fo["targets"])}\nnetns = "{lab.node_name}"\n{uplinks}'
         )
-        holdover = Path(sys.executable).parent / "holdover"
         with (tmp_path / "bridge.log").open("w") as log:
-            bridge = subprocess.Popen([str(holdover), "bridge", "-c", str(cfg)], stdout=log, stderr=log)
+            bridge = subprocess.Popen([HOLDOVER, "bridge", "-c", str(cfg)], stdout=log, stderr=log)
         try:
-            time.sleep(2.5)  # both uplinks judged up
+            log = tmp_path / "bridge.log"
+            wait_for(
+                lambda: all(f"uplink {u['name']} is up" in log.read_text() for u in fo["uplinks"]),
+                15,
+                "both uplinks judged up",
+            )
             lab.silence(PRIMARY)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and not routes.ours(lab.node):
@@ -291,7 +287,8 @@ def test_a_bridge_killed_mid_failover_leaves_a_route_the_next_start_removes(tmp_
 def test_pyroute2s_forked_helper_cannot_stop_the_bridge_with_its_sigterm() -> None:
     # What stopped the bridge in CI: pyroute2 SIGTERMs the child it forks to open a namespace's
     # socket; with asyncio's handlers inherited, the child's signal reached the parent's loop.
-    # holdover.node.failover, imported above, sets pyroute2.config.disable_mp_signal.
+    # holdover.node.failover, imported above, imports holdover.node.netlink, which sets
+    # pyroute2.config.disable_mp_signal.
     async def main() -> bool:
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()

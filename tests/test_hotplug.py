@@ -17,17 +17,9 @@ from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.node.failover import Failover
 from holdover.node.hotplug import Hotplug
 from holdover.settings import FailoverSettings
+from support import until
 
 PORT = 8443
-
-
-async def _until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def test_a_nic_plugged_and_pulled_is_heard_within_a_second() -> None:
@@ -47,9 +39,9 @@ def test_a_nic_plugged_and_pulled_is_heard_within_a_second() -> None:
             try:
                 add = {"ifname": "usb9", "kind": "veth", "peer": {"ifname": "usb9p"}}
                 await loop.run_in_executor(one, lambda: ns.link("add", **add))
-                plugged = await _until(lambda: ("link_added", "usb9") in [(k, d) for k, d, _ in got], 1.0, "plug")
+                plugged = await until(lambda: ("link_added", "usb9") in [(k, d) for k, d, _ in got], 1.0, "plug")
                 await loop.run_in_executor(one, lambda: ns.link("del", ifname="usb9"))
-                pulled = await _until(lambda: ("link_removed", "usb9") in [(k, d) for k, d, _ in got], 1.0, "pull")
+                pulled = await until(lambda: ("link_removed", "usb9") in [(k, d) for k, d, _ in got], 1.0, "pull")
             finally:
                 await loop.run_in_executor(one, ns.close)
                 one.shutdown()
@@ -83,9 +75,9 @@ def test_the_failover_marks_an_uplink_down_the_moment_its_interface_goes() -> No
             hp.start()
             try:
                 await asyncio.to_thread(hp.ready.wait, 5)
-                await _until(lambda: fo.health["usb"].up is True, 10, "the backup up")
+                await until(lambda: fo.health["usb"].up is True, 10, "the backup up")
                 await fo.netlink(lambda: lab.node.link("del", ifname=BACKUP["dev"]))
-                return await _until(lambda: fo.health["usb"].up is False, 1.0, "the backup marked down")
+                return await until(lambda: fo.health["usb"].up is False, 1.0, "the backup marked down")
             finally:
                 await hp.close()
                 await fo.close()

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
 from holdover.node.launch import LaunchError, forget, launch, recover, sessions
 from holdover.train import ckpt, registry
+from support import HOLDOVER, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from conftest import MPY_DIR
 from holdover.board.emulator import firmware_dir, micropython_binary
+from support import MPY_DIR
 
 CONNACK = b"\x20\x02\x00\x00"
 PINGRESP = b"\xd0\x00"

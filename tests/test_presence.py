@@ -6,13 +6,13 @@ import logging
 import time
 from pathlib import Path
 
-from conftest import wait_for
 from holdover.bridge.mqtt_link import Inbound
 from holdover.bridge.service import Bridge, BridgeThread
 from holdover.firmware import protocol
 from holdover.journal import HOST_BOOT, Journal
 from holdover.lab.broker import free_port
 from holdover.settings import Settings
+from support import wait_for
 
 
 def _host_events(rig_dir: Path, kind: str) -> list:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import psutil
 
-from conftest import wait_for
 from holdover import proc
 from holdover.bridge.hooks import HookRunner
 from holdover.journal import Event, Journal
 from holdover.settings import HookSettings
+from support import wait_for
 
 # A shell that leaves a grandchild deaf to SIGTERM behind it, then hangs itself. The grandchild lets
 # go of the output pipe, so nothing but a kill of the whole group after the leader's death ends it.

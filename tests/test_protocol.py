@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_micropython_json
 from holdover.firmware import protocol
+from support import run_micropython_json
 
 KEY = "sentinel-key-0123456789"
 SID = "garage"

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from conftest import Toy, losses, wait_for
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.rescue import Rescuer
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import ProtectSettings
 from holdover.train import ckpt, registry
+from support import Toy, losses, wait_for
 
 needs_gdb = pytest.mark.skipif(shutil.which("gcore") is None, reason="gcore (gdb) is not installed")
 
@@ -149,9 +149,10 @@ def test_a_wedged_run_is_dumped_with_gcore_and_shm_is_copied(tmp_path: Path) -> 
 
 
 def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path) -> None:
-    # Steps of 3 s, and the run stopped (SIGSTOP) the moment its answer is journaled: the request
-    # waits in its queue while the first bridge goes away, even on a loaded machine.
-    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "3") as run:
+    # Steps of 1.5 s (under hang_after), and the run stopped (SIGSTOP) the moment its answer is
+    # journaled: the request waits in its queue while the first bridge goes away, even on a
+    # loaded machine.
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "1.5") as run:
         run.registration()
         s = _settings(tmp_path)
         db = tmp_path / "j.db"

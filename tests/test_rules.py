@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import run_micropython_json
+from support import run_micropython_json
 
 NEAR_WRAP = (1 << 30) - 60_000  # a minute before ticks_ms wraps
 THREE = [{"kind": "dns", "host": "10.0.0.1", "name": f"r{i}"} for i in range(3)]

@@ -10,7 +10,6 @@ import json
 import socket
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,12 +18,12 @@ import pytest
 import serial
 from paho.mqtt.enums import CallbackAPIVersion
 
-from conftest import Listener, run_micropython, wait_for
 from holdover.bridge import commands as command
 from holdover.firmware import protocol
 from holdover.journal import HOST_BOOT, Journal
 from holdover.lab.rig import Rig
 from holdover.lab.targets import TcpTarget, UdpServer, dns_answer
+from support import HOLDOVER, Listener, run_micropython, wait_for
 
 NTP_TIME = 1924992000  # 2031-01-01T00:00:00Z, far from the host clock, so its effect is visible
 
@@ -346,8 +345,7 @@ def _retained_state(rig: Rig) -> dict | None:
 def test_holdover_relay_sends_a_signed_pulse_and_prints_the_answer(rig_factory) -> None:
     rig = rig_factory(firmware=RELAY)
     rig.wait("boot", 15)
-    holdover = Path(sys.executable).parent / "holdover"
-    cmd = [str(holdover), "relay", rig.sid, "--config", str(rig.dir / "holdover.toml")]
+    cmd = [HOLDOVER, "relay", rig.sid, "--config", str(rig.dir / "holdover.toml")]
     t = time.monotonic()
     out = subprocess.run([*cmd[:3], "pulse", "3000", *cmd[3:]], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -363,7 +361,7 @@ def test_holdover_relay_sends_a_signed_pulse_and_prints_the_answer(rig_factory) 
     assert rig.control.send(get="relay")["relay"] is False
     bad = subprocess.run([*cmd[:3], "blink", *cmd[3:]], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "op: must be one of on, off, pulse" in bad.stderr, bad
-    stranger = subprocess.run([str(holdover), "relay", "nobody", "on", *cmd[3:]], capture_output=True, text=True)
+    stranger = subprocess.run([HOLDOVER, "relay", "nobody", "on", *cmd[3:]], capture_output=True, text=True)
     assert stranger.returncode == 2 and "no key for 'nobody'" in stranger.stderr
 
 
@@ -534,9 +532,8 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
     # Removed on request: every config emptied, and a fresh subscriber gets none of them back.
     bridge_cfg = rig.dir / "holdover.toml"
     assert bridge_cfg.exists()
-    holdover = Path(sys.executable).parent / "holdover"
     out = subprocess.run(
-        [str(holdover), "ha-remove", rig.sid, "--config", str(bridge_cfg)], capture_output=True, text=True, timeout=60
+        [HOLDOVER, "ha-remove", rig.sid, "--config", str(bridge_cfg)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert sorted(line.split()[1] for line in out.stdout.splitlines() if line.startswith("removed ")) == sorted(got)

@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from holdover.bridge import Bridge, BridgeThread
 from holdover.lab.broker import free_port
 from holdover.node import systemd
 from holdover.settings import Settings
+from support import HOLDOVER
 
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
 KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
 
 

@@ -4,7 +4,6 @@ environment over the file."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ from pydantic import BaseModel
 
 from holdover import settings
 from holdover.settings import ConfigError, Settings
+from support import HOLDOVER
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
 
 
 def _fields(model: type[BaseModel], path: str = "") -> list[tuple[str, type[BaseModel], str]]:

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,15 +16,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import wait_for
 from holdover.journal import Journal
 from holdover.lab.broker import free_port
 from holdover.lab.targets import TcpTarget
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import WebSettings
 from holdover.web.server import make_server
+from support import HOLDOVER, wait_for
 
-HOLDOVER = str(Path(sys.executable).parent / "holdover")
 TOKEN = "0f3b8c1d9e2a4b5c6d7e8f90a1b2c3d4"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 

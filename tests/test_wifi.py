@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import run_micropython, wait_for
+from support import run_micropython, wait_for
 
 
 def test_the_emulated_wlan_behaves_as_the_esp32_port() -> None:

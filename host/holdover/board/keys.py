@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 from holdover.errors import HoldoverError
+from holdover.files import write_private
 from holdover.firmware import protocol
 
 KEY_BYTES = 32  # HMAC-SHA256's block is 64 bytes; 32 random ones are its full strength
@@ -33,16 +33,10 @@ def write(sid: str, directory: Path, force: bool = False) -> tuple[Path, str]:
         raise KeyFileError(f"cannot make {directory}: {e.strerror}") from None
     path = directory / f"{sid}.key"
     key = generate()
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
     try:
-        fd = os.open(path, flags, 0o600)
+        write_private(path, key + "\n", exclusive=not force)
     except FileExistsError:
         raise KeyFileError(f"{path} exists; keep it, or --force to replace it (the board then needs it)") from None
     except OSError as e:
         raise KeyFileError(f"cannot write {path}: {e.strerror}") from None
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)  # a forced rewrite of a file made looser by hand
-        f.write(key + "\n")
-        f.flush()
-        os.fsync(f.fileno())
     return path, key

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from holdover import proc
 from holdover.errors import HoldoverError
+from holdover.files import write_private
 from holdover.firmware import protocol
 
 BRIDGE_USER = "holdover-bridge"
@@ -82,10 +83,7 @@ def conf(directory: Path, listen: str, port: int, persistence: Path) -> str:
 
 
 def _private(path: Path, text: str, owner: str | None) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(text)
+    write_private(path, text)
     _own(path, owner)
 
 

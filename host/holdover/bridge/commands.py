@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
 
 from holdover.errors import USAGE, HoldoverError
 from holdover.firmware import protocol
+from holdover.mqtt_session import SessionError, session
 from holdover.settings import MqttSettings
 
 _last = 0
@@ -83,35 +83,36 @@ def send(cfg: MqttSettings, key: bytes | str, sid: str, op: str, ms: int = 0, ti
         elif body["kind"] == protocol.ACK_KIND:
             acks.put(body["data"])
 
-    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="holdover-cli-" + secrets.token_hex(3))
-    if cfg.username:
-        c.username_pw_set(cfg.username, cfg.password or None)
-    c.on_message = on_message
-    c.on_subscribe = lambda *_a: subscribed.set()
     try:
-        c.connect(cfg.host, cfg.port, keepalive=30)
-    except OSError as e:
-        raise CommandError(f"cannot reach the broker at {cfg.host}:{cfg.port}: {e.strerror or e}") from None
-    c.loop_start()
-    try:
-        c.subscribe([(protocol.topic(sid, protocol.STATE), 1), (protocol.topic(sid, protocol.CMD_ACK), 1)])
-        deadline = time.monotonic() + timeout
-        while not boot and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not boot:
-            raise CommandError(f"{sid}: no state on the broker in {timeout:.0f} s, so its boot is unknown (online?)")
-        payload, cid = build(key, sid, boot[0], op, ms)
-        c.publish(protocol.topic(sid, protocol.CMD), payload, qos=1)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CommandError(f"{sid}: no answer to command {cid} in {timeout:.0f} s")
-            try:
-                ack = acks.get(timeout=left)
-            except queue.Empty:
-                continue
-            if ack.get("id") == cid:
-                return ack
-    finally:
-        c.disconnect()
-        c.loop_stop()
+        with session(
+            cfg.host,
+            cfg.port,
+            cfg.username,
+            cfg.password,
+            client_id="holdover-cli-" + secrets.token_hex(3),
+            timeout=timeout,
+            on_message=on_message,
+        ) as c:
+            c.on_subscribe = lambda *_a: subscribed.set()
+            c.subscribe([(protocol.topic(sid, protocol.STATE), 1), (protocol.topic(sid, protocol.CMD_ACK), 1)])
+            deadline = time.monotonic() + timeout
+            while not boot and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not boot:
+                raise CommandError(
+                    f"{sid}: no state on the broker in {timeout:.0f} s, so its boot is unknown (online?)"
+                )
+            payload, cid = build(key, sid, boot[0], op, ms)
+            c.publish(protocol.topic(sid, protocol.CMD), payload, qos=1)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommandError(f"{sid}: no answer to command {cid} in {timeout:.0f} s")
+                try:
+                    ack = acks.get(timeout=left)
+                except queue.Empty:
+                    continue
+                if ack.get("id") == cid:
+                    return ack
+    except SessionError as e:
+        raise CommandError(f"cannot reach the broker at {cfg.host}:{cfg.port}: {e.reason}") from None

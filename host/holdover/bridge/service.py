@@ -29,6 +29,7 @@ from holdover.node.diagnose import Diagnosis
 from holdover.node.dongle import Dongle, dial
 from holdover.node.failover import Failover
 from holdover.node.hotplug import Hotplug
+from holdover.node.netlink import open_handle
 from holdover.node.rescue import Rescuer
 from holdover.node.systemd import Notifier
 from holdover.settings import Settings
@@ -72,12 +73,10 @@ class Bridge:
         self.failover: Failover | None = None
         fo = self.settings.failover
         if fo.uplinks:
-            from pyroute2 import IPRoute, NetNS
-
             # The routing table of the namespace configured (tests), else this machine's own.
             self.failover = Failover(
                 fo,
-                NetNS(fo.netns) if fo.netns else IPRoute(),
+                open_handle(fo.netns),
                 self.node_event,
                 on_state=self._node_uplinks,
                 prepare=dial(dongle, self.settings.dongle.uplink) if dongle else None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import typer
@@ -71,24 +70,13 @@ def diagnose(
 ) -> None:
     """Walk each uplink hop by hop (link, gateway, targets), DNS, metadata, the kernel's words and
     the dongle: pass / warn / fail, the first failed hop named. Exit 0 all pass, 1 a warning, 2 a failure."""
-    from pyroute2 import IPRoute, NetNS
-
     from holdover.node import diagnose as dg
-    from holdover.node.checks import Check, worst
+    from holdover.node.checks import worst
+    from holdover.node.netlink import NetlinkThread
 
     cfg = load_config(config)
-    fo = cfg.failover
-
-    async def run() -> list[Check]:
-        with ThreadPoolExecutor(1) as one:  # pyroute2: one thread for every use of the socket
-            ipr = one.submit(lambda: NetNS(fo.netns) if fo.netns else IPRoute()).result()
-            loop = asyncio.get_running_loop()
-            try:
-                return await dg.diagnose(cfg, ipr, lambda fn, *a: loop.run_in_executor(one, fn, *a))
-            finally:
-                one.submit(ipr.close).result()
-
-    findings = asyncio.run(run())
+    with NetlinkThread(netns=cfg.failover.netns) as nl:
+        findings = asyncio.run(dg.diagnose(cfg, nl.ipr, nl.arun))
     if as_json:
         typer.echo(json.dumps(dg.summary(findings), indent=1))
     else:
@@ -106,16 +94,16 @@ def failover_status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Probe every uplink once and show which one carries traffic."""
-    from pyroute2 import IPRoute, NetNS
     from rich.console import Console
     from rich.table import Table
 
     from holdover.node.failover import check
+    from holdover.node.netlink import open_handle
 
     fo = load_config(config).failover
     if not fo.uplinks:
         raise fail(f"{config} has no [failover] uplinks")
-    with NetNS(fo.netns) if fo.netns else IPRoute() as ipr:
+    with open_handle(fo.netns) as ipr:
         st = check(fo, ipr)
     if as_json:
         typer.echo(json.dumps(st, indent=2))

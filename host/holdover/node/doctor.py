@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from holdover.journal import Journal
+from holdover.mqtt_session import SessionError, session
 from holdover.node import targets as targets_mod
 from holdover.node.checks import FAIL, PASS, SKIP, WARN, Check
 from holdover.settings import Settings
@@ -189,12 +190,11 @@ class Doctor:
                 "no [failover] uplinks: a dead uplink stops every run that needs the network",
                 "a USB NIC or a 4G dongle as a second uplink; see docs/failover.md",
             )
-        from pyroute2 import IPRoute, NetNS
-
         from holdover.node.failover import check
+        from holdover.node.netlink import open_handle
 
         try:
-            with NetNS(fo.netns) if fo.netns else IPRoute() as ipr:
+            with open_handle(fo.netns) as ipr:
                 st = _off_loop(lambda: check(fo, ipr))
         except Exception as e:  # netlink or a probe's setup: reported, not raised
             return Check(name, FAIL, f"cannot probe the uplinks: {e}", "holdover failover status says more")
@@ -305,25 +305,8 @@ def _off_loop(fn: Any) -> Any:
 
 def _mqtt_connect(host: str, port: int, user: str, password: str, timeout: float) -> str | None:
     """None if the broker accepts this login, else what went wrong, in words."""
-    import paho.mqtt.client as paho
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="", protocol=paho.MQTTv5)
-    if user:
-        c.username_pw_set(user, password or None)
-    answer: list[Any] = []
-    done = threading.Event()
-    c.on_connect = lambda _c, _u, _f, rc, _p: (answer.append(rc), done.set())
     try:
-        c.connect(host, port, keepalive=10)
-    except OSError as e:
-        return f"cannot connect: {e.strerror or e}"
-    c.loop_start()
-    try:
-        if not done.wait(timeout):
-            return f"no CONNACK within {timeout:.0f} s"
-        rc = answer[0]
-        return f"refused: {rc}" if rc.is_failure else None
-    finally:
-        c.disconnect()
-        c.loop_stop()
+        with session(host, port, user, password, mqtt5=True, timeout=timeout):
+            return None
+    except SessionError as e:
+        return e.reason

@@ -19,26 +19,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyroute2.config
 from pyroute2.netlink.exceptions import NetlinkError
 
 from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Event
 from holdover.node import probe, routes
+from holdover.node.netlink import NetlinkThread
 from holdover.settings import FailoverSettings
 
 log = logging.getLogger("holdover.failover")
-
-# pyroute2 makes a namespace's sockets in a forked child and then SIGTERMs it. By default the
-# child keeps the parent's handlers, and asyncio's handler writes the signal to a wakeup pipe the
-# child shares with the bridge: the bridge took the child's SIGTERM for its own and stopped, a
-# second after start, in CI. With this set, the child restores the default action first.
-pyroute2.config.disable_mp_signal = True
 
 
 @dataclass
@@ -107,16 +100,13 @@ class Failover:
         self.health = {u.name: Health(s.down, s.up) for u in self.uplinks}
         # (ip, port) for TCP, (ip, None) for ICMP
         self._targets = [(h, int(p)) if c else (p, None) for h, c, p in (t.rpartition(":") for t in s.targets)]
-        # Every netlink call runs on this one thread: pyroute2 gives each thread that uses a
-        # namespace's handle a socket of its own, made by a forked child (see disable_mp_signal
-        # above). One thread, its socket made here, before the bridge sets its signal handlers,
-        # forks once, rather than once per worker thread at any time.
-        self._nl = ThreadPoolExecutor(1, thread_name_prefix="holdover-netlink")
-        self._nl.submit(routes.ours, self.ipr).result()
+        # Every netlink call runs on one thread, its socket made here (netlink.py says why).
+        self._nl = NetlinkThread(self.ipr)
+        self._nl.run(routes.ours, self.ipr)
 
     async def netlink(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) on the netlink thread: pyroute2's blocking calls, off the loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._nl, fn, *args)
+        return await self._nl.arun(fn, *args)
 
     # --- the Reaction interface -------------------------------------------------------------------
 
@@ -135,7 +125,7 @@ class Failover:
         if await self.netlink(routes.ours, self.ipr):
             await self.netlink(routes.switch_back, self.ipr)
             log.info("stopping: routes back to the system's own")
-        self._nl.shutdown()
+        self._nl.close()
 
     # --- probing and deciding -----------------------------------------------------------------------
 
@@ -268,7 +258,7 @@ def check(settings: FailoverSettings, ipr: Any) -> dict[str, Any]:
         return await asyncio.gather(*[fo._round(u) for u in fo.uplinks])
 
     answered = asyncio.run(probe_all())
-    fo._nl.shutdown()
+    fo._nl.close()
     out = fo.status()
     for u, ok in zip(out["uplinks"], answered, strict=True):
         u["up"] = ok

@@ -22,6 +22,7 @@ from typing import Any
 
 from holdover import proc
 from holdover.errors import FAILED, USAGE, HoldoverError
+from holdover.files import write_atomic
 from holdover.node import tmux
 from holdover.train import ckpt, registry
 
@@ -125,7 +126,8 @@ def launch(
     _tmux("wait-for", "-S", go)
     record = home / "runs" / f"{name}.json"
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(
+    write_atomic(
+        record,
         json.dumps(
             {
                 "name": name,
@@ -139,7 +141,7 @@ def launch(
                 "pid": pid,
             },
             indent=1,
-        )
+        ),
     )
     reg_path = registry.registration_path(reg_dir, name)
     # A placeholder registration: a script using holdover.train replaces it with its socket.

@@ -96,8 +96,7 @@ class Guard:
         self._last_step_end: float | None = None
         self._steps_since_resume = 0
         self._hooks: list[Any] = []
-        self._server: socket.socket | None = None
-        self._clients: list[threading.Thread] = []
+        self._server: registry.RunServer | None = None
         self._prev_handler: Any = None
         self.reg = registry.Registration(
             name=self.name,
@@ -120,15 +119,8 @@ class Guard:
         path = self.registry / (f"{self.name}.sock" if self.rank == 0 else f"{self.name}.rank{self.rank}.sock")
         if len(str(path).encode()) > 100:  # sun_path is 108 bytes on Linux
             path = Path(f"/tmp/holdover-{os.getpid()}.sock")
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        srv.bind(str(path))
-        os.chmod(path, 0o600)
-        srv.listen(8)
-        self._server = srv
+        self._server = registry.RunServer(path, self._handle)
         self.reg.socket = str(path)
-        threading.Thread(target=self._serve, name="holdover-guard", daemon=True).start()
         if self.signum:
             if threading.current_thread() is threading.main_thread():
                 self._prev_handler = _signal.signal(self.signum, self._on_signal)
@@ -147,13 +139,8 @@ class Guard:
             open_reqs = [r for r in self._requests.values() if r["state"] not in registry.STATES_FINAL]
         for r in open_reqs:
             self._update([r["id"]], state="failed", error="the run stopped before saving")
-        for t in self._clients:
-            t.join(max(0.0, end - time.monotonic()))
         if self._server:
-            with contextlib.suppress(OSError):
-                self._server.close()
-            with contextlib.suppress(OSError):
-                os.unlink(self.reg.socket)
+            self._server.close(until=end)
             self._server = None
         with contextlib.suppress(OSError):
             registry.registration_path(self.registry, self.name, self.rank).unlink()
@@ -202,42 +189,23 @@ class Guard:
                 self._requests[rid].update(fields)
             self._cv.notify_all()
 
-    def _serve(self) -> None:
-        srv = self._server
-        while srv is not None and self._server is srv:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
+    def _handle(self, conn: socket.socket, msg: dict[str, Any]) -> None:
+        """One request from the bridge (registry.RunServer parsed it)."""
+        op = msg["op"]
+        if op == "status":
+            with self._cv:
+                reqs = {k: dict(v) for k, v in self._requests.items()}
+            conn.sendall(registry.encode({"registration": json.loads(self.reg.to_json()), "requests": reqs}))
+        elif op in ("save", "watch"):
+            rid = str(msg.get("id") or uuid.uuid4().hex[:12])
+            if op == "save":
+                self.request(str(msg.get("reason", "bridge")), rid, str(msg.get("after", "continue")))
+            elif rid not in self._requests:
+                conn.sendall(registry.encode({"id": rid, "state": "unknown"}))
                 return
-            t = threading.Thread(target=self._client, args=(conn,), daemon=True)
-            # Only live connections are kept: a run polled for weeks must not pile up dead threads.
-            self._clients = [c for c in self._clients if c.is_alive()]
-            self._clients.append(t)
-            t.start()
-
-    def _client(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as rf:
-            for raw in rf:
-                try:
-                    msg = registry.parse_request(raw)
-                except ValueError as e:
-                    conn.sendall(registry.encode({"error": str(e)}))
-                    continue
-                op = msg["op"]
-                if op == "status":
-                    with self._cv:
-                        reqs = {k: dict(v) for k, v in self._requests.items()}
-                    conn.sendall(registry.encode({"registration": json.loads(self.reg.to_json()), "requests": reqs}))
-                elif op in ("save", "watch"):
-                    rid = str(msg.get("id") or uuid.uuid4().hex[:12])
-                    if op == "save":
-                        self.request(str(msg.get("reason", "bridge")), rid, str(msg.get("after", "continue")))
-                    elif rid not in self._requests:
-                        conn.sendall(registry.encode({"id": rid, "state": "unknown"}))
-                        continue
-                    self._stream(conn, rid)
-                else:
-                    conn.sendall(registry.encode({"error": f"unknown op {op!r}"}))
+            self._stream(conn, rid)
+        else:
+            conn.sendall(registry.encode({"error": f"unknown op {op!r}"}))
 
     def _stream(self, conn: socket.socket, rid: str) -> None:
         last: dict[str, Any] = {}

@@ -10,8 +10,8 @@ socket named in it. The socket speaks JSON lines:
                                                save with a known id also only watches, never saves twice
     -> {"op": "status"}                        <- {"registration": {...}, "requests": {id: state}}
 
-Both ends live here: ``parse_request`` for the training side's server (in ``guard``), ``SaveChannel``
-for the bridge's client (used by ``node.rescue``).
+Both ends live here: ``RunServer`` for the training side (``guard`` answers what it parses),
+``SaveChannel`` for the bridge's client (used by ``node.rescue``).
 
 The signal (SIGUSR2 by default) is the fallback when the socket cannot be reached; it carries no
 id, so the bridge journals that it sent it and never sends it twice for one rescue.
@@ -23,11 +23,17 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from holdover.files import write_atomic
 
 STATES_FINAL = ("done", "failed")
 
@@ -91,10 +97,7 @@ def registration_path(registry: Path, name: str, rank: int = 0) -> Path:
 def write_registration(registry: Path, reg: Registration) -> Path:
     registry.mkdir(parents=True, exist_ok=True)
     path = registration_path(registry, reg.name, reg.rank)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(reg.to_json())
-    os.replace(tmp, path)  # the bridge never reads a half-written file
-    return path
+    return write_atomic(path, reg.to_json())  # the bridge never reads a half-written file
 
 
 def read_registrations(registry: Path) -> tuple[list[Registration], list[str]]:
@@ -138,6 +141,57 @@ def parse_request(raw: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
         raise ValueError("malformed request: expected a JSON object with 'op'")
     return msg
+
+
+class RunServer:
+    """The training side's end of the socket: bound 0600, connections accepted on a thread, each
+    served on its own (only live ones kept: a run polled for weeks must not pile up dead threads);
+    every request line is parsed here and handed to `handle(conn, msg)`; a malformed one is
+    answered with what is wrong and the connection goes on."""
+
+    def __init__(self, path: Path, handle: Callable[[socket.socket, dict[str, Any]], None]) -> None:
+        self.path = path
+        self.handle = handle
+        self.clients: list[threading.Thread] = []
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self.sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o600)
+        self.sock.listen(8)
+        threading.Thread(target=self._accept, args=(self.sock,), name="holdover-guard", daemon=True).start()
+
+    def _accept(self, srv: socket.socket) -> None:
+        while self.sock is srv:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.clients = [c for c in self.clients if c.is_alive()]
+            self.clients.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as rf:
+            for raw in rf:
+                try:
+                    msg = parse_request(raw)
+                except ValueError as e:
+                    conn.sendall(encode({"error": str(e)}))
+                    continue
+                self.handle(conn, msg)
+
+    def close(self, until: float) -> None:
+        """Let the connections finish (their last answers) until `until` (monotonic), then go."""
+        for t in self.clients:
+            t.join(max(0.0, until - time.monotonic()))
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
 
 class SaveChannel:

@@ -32,7 +32,8 @@ thread pool), ``write``, ``read`` and ``store`` (the checkpoints of a run: newes
 Everything public is here as ``holdover.train.ckpt.X``.
 """
 
-from holdover.train.ckpt.engine import CHUNK, MIN_CHUNK, STAGING, THREADS, chunk_size, fsync_dir
+from holdover.files import fsync_dir
+from holdover.train.ckpt.engine import CHUNK, MIN_CHUNK, STAGING, THREADS, chunk_size
 from holdover.train.ckpt.format import (
     ALIGN,
     DAMAGED_PREFIX,

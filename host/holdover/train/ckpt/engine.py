@@ -27,14 +27,6 @@ THREADS = 8
 STAGING = 512 << 20  # staging buffers used in turn, and kept by a saving process (why: run_jobs)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class StagingBuffer:
     """A page-aligned buffer (anonymous mmap) for O_DIRECT: one per I/O thread, or one per file read whole."""
 

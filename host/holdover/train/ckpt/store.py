@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from holdover.train.ckpt.engine import fsync_dir
+from holdover.files import fsync_dir, write_atomic
 from holdover.train.ckpt.format import DAMAGED_PREFIX, MANIFEST, PIN, TMP_PREFIX, CheckpointError, Manifest
 from holdover.train.ckpt.read import verify
 from holdover.train.ckpt.write import leftovers
@@ -67,12 +67,7 @@ def set_aside(directory: Path | str, why: str) -> Path:
 def pin(directory: Path | str, reason: str) -> None:
     """Keep this checkpoint out of rotation: it is what an outage was survived with. Outside the
     manifest, so pinning and unpinning (deleting the file) never change what verifies."""
-    directory = Path(directory)
-    with open(directory / PIN, "w") as f:
-        json.dump({"reason": reason, "at": time.time()}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(directory)
+    write_atomic(Path(directory) / PIN, json.dumps({"reason": reason, "at": time.time()}))
 
 
 def pinned(directory: Path | str) -> bool:

@@ -17,11 +17,11 @@ from typing import Any
 
 import xxhash
 
+from holdover.files import fsync_dir, write_atomic
 from holdover.train.ckpt.engine import (
     THREADS,
     StagingBuffer,
     chunk_size,
-    fsync_dir,
     interleaved,
     open_for_write,
     preallocate,
@@ -211,8 +211,7 @@ def save(
         manifest = Manifest(step, [f.entry() for f in files], dict(meta or {}), time.time())
         manifest.seconds = round(time.monotonic() - t0, 6)
         try:
-            _write_small(tmp / MANIFEST, manifest.to_json().encode())
-            fsync_dir(tmp)
+            write_atomic(tmp / MANIFEST, manifest.to_json())  # fsync'd, and the directory with it
             os.rename(tmp, final)
             fsync_dir(root)
         except OSError as e:
@@ -269,14 +268,3 @@ def _explain(e: OSError, path: Path, total: int, root: Path, free_before: int) -
             f"before the attempt (something else is writing there too); the previous checkpoint is untouched"
         )
     return CheckpointError(f"cannot write {path}: {e.strerror or e}")
-
-
-def _write_small(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,0 +1,56 @@
+"""The one way holdover holds pyroute2: a handle on a routing table (this machine's, or a named
+namespace's for tests) and the one thread that uses it.
+
+pyroute2 gives each thread that uses a namespace's handle a socket of its own, made by a forked
+child (see disable_mp_signal below). One thread for every call, its socket made when the
+thread first runs (before the bridge sets its signal handlers), forks once, rather than once per
+worker thread at any time; and pyroute2's blocking calls stay off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyroute2.config
+
+# pyroute2 makes a namespace's sockets in a forked child and then SIGTERMs it. By default the
+# child keeps the parent's handlers, and asyncio's handler writes the signal to a wakeup pipe the
+# child shares with the bridge: the bridge took the child's SIGTERM for its own and stopped, a
+# second after start, in CI. With this set, the child restores the default action first.
+pyroute2.config.disable_mp_signal = True
+
+
+def open_handle(netns: str | None) -> Any:
+    """An IPRoute on this machine's table, or a NetNS on the namespace `netns`."""
+    from pyroute2 import IPRoute, NetNS
+
+    return NetNS(netns) if netns else IPRoute()
+
+
+class NetlinkThread:
+    def __init__(self, ipr: Any | None = None, netns: str | None = None) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="holdover-netlink")
+        self._owned = ipr is None
+        self.ipr = ipr if ipr is not None else self.run(open_handle, netns)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the netlink thread, waited for (for callers without a loop)."""
+        return self._pool.submit(fn, *args).result()
+
+    async def arun(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the netlink thread, awaited (the loop goes on meanwhile)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        if self._owned:
+            self.run(self.ipr.close)
+        self._pool.shutdown()
+
+    def __enter__(self) -> NetlinkThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
