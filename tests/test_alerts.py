@@ -17,7 +17,7 @@ from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.lab.broker import Broker, free_port
 from holdover.settings import AlertSettings, ConfigError, Settings, load
-from support import HOLDOVER, Listener, Ntfy, until
+from support import HOLDOVER, Listener, Ntfy, until, wait_for
 
 
 def _settings(ntfy: Ntfy, **kw: Any) -> AlertSettings:
@@ -161,15 +161,11 @@ def test_the_bridge_alerts_on_its_own_events_and_mqtt_subscribers_read_them(tmp_
         b = BridgeThread(Bridge(s)).start()
         try:
             assert phone_app.subscribed.wait(5)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and not (b.bridge.link and b.bridge.link.connected.is_set()):
-                time.sleep(0.05)
+            wait_for(lambda: b.bridge.link and b.bridge.link.connected.is_set(), 5, "the bridge on the broker")
             data = {"uplink": "usb", "why": "wan down"}
             b.loop.call_soon_threadsafe(b.bridge.node_event, "failover", data)
             _t, text, retained = phone_app.next(5)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not ntfy.got:
-                time.sleep(0.05)
+            wait_for(lambda: ntfy.got, 10, "the alert on the phone")
         finally:
             phone_app.close()
             b.stop()

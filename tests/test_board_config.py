@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from holdover.board.config_check import check_text
-from support import HOLDOVER, run_micropython
+from support import HOLDOVER, board_config, run_micropython
 
-GOOD = {
-    "sentinel_id": "rack1",
-    "key": "7f3a9c2e5b1d8e4f6",
-    "wlan": {"ssid": "lab"},
-    "mqtt": {"host": "127.0.0.1"},
-    "mains": {"pin": 27},
-}
+GOOD = board_config("rack1", "7f3a9c2e5b1d8e4f6", mqtt={"host": "127.0.0.1"}, mains={"pin": 27})
 GOOD_TEXT = json.dumps(GOOD)
 
 # Each of these parses under MicroPython's json module (',' and ':' count as whitespace there)

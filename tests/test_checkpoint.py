@@ -198,7 +198,7 @@ def test_save_on_request_then_resume_reproduces_the_uninterrupted_run(tmp_path: 
 
 
 def test_repeated_request_id_watches_instead_of_saving_twice(tmp_path: Path) -> None:
-    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02") as run:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02", torch=False) as run:
         first = run.ask({"op": "save", "id": "same", "reason": "test"})
         again = run.ask({"op": "save", "id": "same", "reason": "test"})
         assert first[-1]["state"] == again[-1]["state"] == "done"
@@ -211,7 +211,7 @@ def test_repeated_request_id_watches_instead_of_saving_twice(tmp_path: Path) -> 
 
 
 def test_signal_asks_for_a_save_at_the_next_step(tmp_path: Path) -> None:
-    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02") as run:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02", torch=False) as run:
         reg = run.registration()
         assert reg.signal == signal.SIGUSR2 and reg.ckpt_dir == str(run.ckpt)
         os.kill(reg.pid, signal.SIGUSR2)
@@ -224,7 +224,7 @@ def test_signal_asks_for_a_save_at_the_next_step(tmp_path: Path) -> None:
 
 
 def test_malformed_socket_requests_get_an_error_line(tmp_path: Path) -> None:
-    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.05") as run:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.05", torch=False) as run:
         reg = run.registration()
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)

@@ -166,13 +166,9 @@ def test_the_bridge_runs_failover_journals_it_runs_its_hook_and_retains_the_upli
         topic = protocol.node_topic("gpu1", protocol.UPLINK)
         b = BridgeThread(Bridge(s)).start()
         try:
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and not all(h.up for h in b.bridge.failover.health.values()):
-                time.sleep(0.05)
+            wait_for(lambda: all(h.up for h in b.bridge.failover.health.values()), 5, "both uplinks judged up")
             lab.silence(PRIMARY)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not (ran.exists() and ran.read_text()):
-                time.sleep(0.05)
+            wait_for(lambda: ran.exists() and ran.read_text(), 10, "the failover hook")
             assert ran.read_text().split() == ["failover", NODE]
             # A phone app that connects later is told at once: the state is retained.
             late = Listener(SimpleNamespace(broker=broker), [topic])
@@ -262,10 +258,7 @@ def test_a_bridge_killed_mid_failover_leaves_a_route_the_next_start_removes(tmp_
                 "both uplinks judged up",
             )
             lab.silence(PRIMARY)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and not routes.ours(lab.node):
-                time.sleep(0.05)
-            assert routes.ours(lab.node), (tmp_path / "bridge.log").read_text()
+            wait_for(lambda: routes.ours(lab.node), 15, "holdover's failover route")
         finally:
             bridge.kill()  # -9, mid-failover: nothing undone
             bridge.wait(10)

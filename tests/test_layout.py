@@ -11,7 +11,7 @@ import holdover
 
 ROOT = Path(holdover.__file__).parent
 WINGS = ("bridge", "node", "board", "lab", "web", "train")
-BASE = ("settings", "journal", "events", "proc", "errors", "files", "mqtt_session")
+BASE = ("settings", "journal", "events", "proc", "errors", "files", "mqtt_session", "config_example")
 # wing -> the holdover subpackages it may import (besides itself, the base and the firmware's protocol)
 ALLOWED = {
     "base": set(),

@@ -152,7 +152,7 @@ def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path
     # Steps of 1.5 s (under hang_after), and the run stopped (SIGSTOP) the moment its answer is
     # journaled: the request waits in its queue while the first bridge goes away, even on a
     # loaded machine.
-    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "1.5") as run:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "1.5", torch=False) as run:
         run.registration()
         s = _settings(tmp_path)
         db = tmp_path / "j.db"
@@ -212,7 +212,7 @@ def test_mains_back_within_the_grace_time_saves_nothing(tmp_path: Path) -> None:
 
 def test_signal_fallback_and_the_final_command_on_critical_battery(tmp_path: Path) -> None:
     flag = tmp_path / "shutdown-ran"
-    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02") as run:
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02", torch=False) as run:
         reg = run.registration()
         os.unlink(reg.socket)  # the socket is gone: only the signal can reach the run
         s = _settings(tmp_path, final_command=f"echo bye > {flag}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from holdover import settings
+from holdover import config_example, settings
 from holdover.settings import ConfigError, Settings
 from support import HOLDOVER
 
@@ -20,7 +20,7 @@ KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
 def _fields(model: type[BaseModel], path: str = "") -> list[tuple[str, type[BaseModel], str]]:
     out = []
     for name, f in model.model_fields.items():
-        sub = settings._model_of(f.annotation)
+        sub = settings.section_model(f.annotation)
         if sub is None:
             out.append((f"{path}{name}", model, name))
         else:
@@ -30,7 +30,7 @@ def _fields(model: type[BaseModel], path: str = "") -> list[tuple[str, type[Base
 
 def test_the_example_is_the_models_own_and_names_every_field(tmp_path: Path) -> None:
     text = (ROOT / "holdover.toml.example").read_text()
-    assert text == settings.example_toml(), "holdover.toml.example is stale: holdover config-example > it"
+    assert text == config_example.example_toml(), "holdover.toml.example is stale: holdover config-example > it"
     for dotted, model, name in _fields(Settings):
         assert model.model_fields[name].description, f"{dotted} has no description for the example"
         assert f"\n{name} = " in text or f"\n# {name} = " in text or f"# # {name} = " in text, dotted
@@ -50,8 +50,8 @@ def test_the_commented_out_entries_of_the_example_are_valid_when_uncommented() -
     for field in ("serial", "hooks", "alerts.channels", "failover.uplinks"):
         model = Settings
         for part in field.split("."):
-            model = settings._model_of(model.model_fields[part].annotation)
-        entry = {k.rsplit(".", 1)[1]: v for k, v in settings.EXAMPLES.items() if k.rsplit(".", 1)[0] == field}
+            model = settings.section_model(model.model_fields[part].annotation)
+        entry = {k.rsplit(".", 1)[1]: v for k, v in config_example.EXAMPLES.items() if k.rsplit(".", 1)[0] == field}
         model.model_validate(entry, strict=True)
 
 

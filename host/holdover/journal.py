@@ -12,6 +12,7 @@ version is `PRAGMA user_version`; `MIGRATIONS` bring an older journal up to it o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
@@ -212,35 +213,15 @@ class Journal:
     def accept(self, source: str, body: dict[str, Any]) -> Event | None:
         """Record an accepted event; None if (sid, boot, seq) was already journaled."""
         rx = time.time()
+        e = Event(0, rx, source, *(body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data")))
         try:
             cur = self.db.execute(
                 "INSERT INTO events (rx_ts, source, sid, boot, seq, kind, ms, ts, data) VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    rx,
-                    source,
-                    body["sid"],
-                    body["boot"],
-                    body["seq"],
-                    body["kind"],
-                    body["ms"],
-                    body["ts"],
-                    json.dumps(body["data"]),
-                ),
+                (rx, source, e.sid, e.boot, e.seq, e.kind, e.ms, e.ts, json.dumps(e.data)),
             )
         except sqlite3.IntegrityError:
             return None
-        return Event(
-            cur.lastrowid or 0,
-            rx,
-            source,
-            body["sid"],
-            body["boot"],
-            body["seq"],
-            body["kind"],
-            body["ms"],
-            body["ts"],
-            body["data"],
-        )
+        return dataclasses.replace(e, id=cur.lastrowid or 0)
 
     def host_event(self, sid: str, kind: str, data: dict[str, Any]) -> Event:
         """Journal an event the bridge itself raises about a sentinel (its own numbering, boot HOST_BOOT)."""

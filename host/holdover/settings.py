@@ -379,94 +379,15 @@ class Settings(_Strict):
         return {s.id: s.key.encode() for s in self.sentinels}
 
 
-# Values that show the shape of what has no default: required keys and the entries of lists of tables.
-EXAMPLES: dict[str, Any] = {
-    "sentinels.id": "rack1",
-    "sentinels.key_file": "/etc/holdover/rack1.key",
-    "serial.url": "/dev/serial/by-id/usb-Silicon_Labs_CP2102_USB_to_UART_Bridge_Controller_0001-if00-port0",
-    "hooks.events": ["mains_lost", "battery_critical"],
-    "hooks.run": "/usr/local/bin/on-power-loss",
-    "alerts.channels.name": "phone",
-    "alerts.channels.url": "ntfys://ntfy.sh/holdover-site1",
-    "failover.uplinks.name": "wan",
-    "failover.uplinks.dev": "eth0",
-    "failover.uplinks.gateway": "192.168.1.1",
-    "failover.node": "gpu-node-1",
-    "mqtt.password_file": "/etc/holdover/bridge.password",
-    "protect.registry": "/run/user/1000/holdover",
-    "web.token_file": "/etc/holdover/web.token",
-    "dongle.password_file": "/etc/holdover/dongle.password",
-}
-# Sections whose one example entry is live in the example (a bridge needs a sentinel); the other
-# lists of tables are shown commented out.
-_LIVE_EXAMPLES = ("sentinels",)
-
-
-def _toml_value(v: Any) -> str:
-    import tomli_w
-
-    if isinstance(v, list):  # on one line, so that a commented-out example stays commented
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    v = str(v) if isinstance(v, Path) else v
-    return tomli_w.dumps({"v": v}).strip().removeprefix("v = ")
-
-
-def _render(model: type[BaseModel], path: str, out: list[str], prefix: str, entry: bool) -> None:
-    """One table's keys, then its sub-tables (TOML wants a table's own keys first)."""
-    later: list[tuple[str, type[BaseModel], bool]] = []
-    for name, f in model.model_fields.items():
-        key = f"{path}.{name}" if path else name
-        sub = _model_of(f.annotation)
-        if sub is not None:
-            later.append((name, sub, typing.get_origin(f.annotation) is list))
-            continue
-        desc = f.description or ""
-        if typing.get_origin(f.annotation) is Literal:
-            desc += f" (one of: {', '.join(typing.get_args(f.annotation))})"
-        out.append(f"{prefix}# {desc}{' (required)' if f.is_required() else ''}")
-        if key in EXAMPLES and (entry or f.is_required()):
-            out.append(f"{prefix}{name} = {_toml_value(EXAMPLES[key])}")
-        elif f.default_factory is not None and not isinstance(f.default_factory(), list | dict):
-            # A default that depends on the machine: shown with an example, not set.
-            out.append(f"{prefix}# {name} = {_toml_value(EXAMPLES[key])}")
-        else:
-            default = f.default_factory() if f.default_factory is not None else f.default
-            unset = default is None or entry  # an entry's optional keys are shown, not set
-            shown = EXAMPLES.get(key, "") if default is None else default
-            out.append(f"{prefix}{'# ' if unset else ''}{name} = {_toml_value(shown)}")
-    for name, sub, many in later:
-        key = f"{path}.{name}" if path else name
-        out.append("")
-        live = not prefix and (not many or name in _LIVE_EXAMPLES)
-        p = "" if live else "# "
-        if sub.__doc__ and not sub.__doc__.startswith(sub.__name__ + "("):
-            out.append(f"# {sub.__doc__.strip().splitlines()[0]}")
-        out.append(f"{p}[[{key}]]" if many else f"{p}[{key}]")
-        _render(sub, key, out, p, many)
-
-
-def example_toml() -> str:
-    """holdover.toml.example: every setting with its default and what it is for, from these models
-    (`holdover config-example` prints it; a test keeps the file in the repository equal to it)."""
-    out = [
-        "# holdover.toml: the bridge's configuration. Every setting, with its default and what it is for.",
-        "# Generated from holdover/settings.py (`holdover config-example`); keys left out take these defaults.",
-        f"# Any setting can be overridden from the environment: {ENV_PREFIX}SECTION__KEY, e.g.",
-        f"# {ENV_PREFIX}MQTT__HOST=10.0.0.2 or {ENV_PREFIX}WEB__TOKEN_FILE=/etc/holdover/web.token.",
-    ]
-    _render(Settings, "", out, "", False)
-    return "\n".join(out).replace("\n\n\n", "\n\n") + "\n"
-
-
 ENV_PREFIX = "HOLDOVER_"  # HOLDOVER_MQTT__PORT=1884, HOLDOVER_WEB__TOKEN_FILE=..., HOLDOVER_SENTINELS='[...]'
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def section_model(annotation: Any) -> type[BaseModel] | None:
     """The settings model inside an annotation (list[X], X | None), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        found = _model_of(arg)
+        found = section_model(arg)
         if found is not None:
             return found
     return None
@@ -479,7 +400,7 @@ def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
         if isinstance(part, int):
             continue
         field = model.model_fields.get(part) if model else None
-        model = _model_of(field.annotation) if field else None
+        model = section_model(field.annotation) if field else None
         if model is None:
             return []
     return list(model.model_fields) if model else []

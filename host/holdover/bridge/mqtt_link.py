@@ -70,6 +70,7 @@ class MqttLink:
         self.client = c
         self._failing: tuple[str, float] | None = None  # (reason, since) while connects fail
         self._said = 0.0
+        self.connect_failures = 0  # attempts refused or unanswered since start
 
     def start(self) -> None:
         # A persistent session: the broker queues QoS 1 events while the bridge is away (a week;
@@ -108,6 +109,7 @@ class MqttLink:
         self.loop.call_soon_threadsafe(self.connected.set)
 
     def _on_connect_fail(self, client: _Client, _ud: object) -> None:
+        self.connect_failures += 1
         e = client.last_error
         reason = (e.strerror or str(e)) if e is not None else "unknown error"
         now = time.time()

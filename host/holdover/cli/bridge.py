@@ -8,7 +8,6 @@ from pathlib import Path
 
 import typer
 
-from holdover import settings as settings_mod
 from holdover.cli.common import OUTAGE, RUN, SET_UP, fail, journal_exists, load_config, setup_logging, wing
 from holdover.errors import FAILED
 
@@ -18,7 +17,9 @@ app = wing()
 @app.command("config-example", rich_help_panel=SET_UP)
 def config_example() -> None:
     """Print a bridge config with every setting, its default and what it is for (holdover.toml.example)."""
-    typer.echo(settings_mod.example_toml(), nl=False)
+    from holdover.config_example import example_toml
+
+    typer.echo(example_toml(), nl=False)
 
 
 @app.command("broker-config", rich_help_panel=SET_UP)
