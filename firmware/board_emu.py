@@ -27,6 +27,7 @@ EXIT_CONFIG = 2
 EXIT_RESET = 42
 EXIT_WDT = 43
 EHOSTUNREACH = 113
+EADDRINUSE = 98
 ETIMEDOUT = 110
 # The ESP32's ticks_ms wraps at 2^30 ms (~12.4 days; ticks_diff is valid within +-2^29), the
 # unix port's only at 2^62: the board's clock wraps like the chip's, and can start near the wrap.
@@ -380,10 +381,19 @@ class Board:
         w.close()
         await w.wait_closed()
 
+    async def _listen(self, what, host, port, starting):
+        # A port in use (another emulator, a stale one) is one line and exit 2, not a traceback.
+        try:
+            await starting
+        except OSError as e:
+            why = "in use by another process" if e.errno == EADDRINUSE else "cannot listen (%r)" % e
+            print("# emu: %s port %s:%d: %s; pass another --%s HOST:PORT" % (what, host, port, why, what))
+            raise SystemExit(EXIT_CONFIG)
+
     async def serve(self, app):
         self.app = app
         host, port = self.control
-        await emu_control.serve(self, host, port)
+        await self._listen("control", host, port, emu_control.serve(self, host, port))
         self._tasks = [
             asyncio.create_task(self.world.discharge()),
             asyncio.create_task(self._radio()),
@@ -396,6 +406,8 @@ class Board:
             self._tasks.append(asyncio.create_task(self.world.ghosts(pin)))
         print("# emu: control on %s:%d" % (host, port))
         if self.serial:
-            await asyncio.start_server(self._serial_client, self.serial[0], self.serial[1])
+            await self._listen(
+                "serial", self.serial[0], self.serial[1], asyncio.start_server(self._serial_client, *self.serial)
+            )
             self._tasks.append(asyncio.create_task(self._serial_writer()))
             print("# emu: serial on %s:%d" % self.serial)

@@ -7,9 +7,11 @@ import json
 import re
 import subprocess
 import threading
+import tomllib
 from pathlib import Path
 
 import paho.mqtt.client as paho
+import tomli_w
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
@@ -120,3 +122,46 @@ def test_a_sentinel_speaks_only_for_itself_through_the_generated_broker(tmp_path
         c.close()
     demo.close()
     spy.close()
+
+    # A command-line client with the wrong password is told the broker refused it, by name, at
+    # once; not "no state on the broker" (which blamed the sentinel).
+    bad = tmp_path / "wrong.toml"
+    cfg = tomllib.loads((rig.dir / "holdover.toml").read_text())
+    cfg["mqtt"] = {"host": rig.broker.host, "port": port, "username": bc.BRIDGE_USER, "password": "wrong"}
+    bad.write_text(tomli_w.dumps(cfg))
+    for argv in (["relay", "demo", "on"], ["ha-remove", "demo"]):
+        r = subprocess.run([HOLDOVER, *argv, "-c", str(bad)], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"{rig.broker.host}:{port}" in r.stderr and "refused: Not authorized" in r.stderr, r.stderr
+
+
+def test_a_rerun_keeps_every_password_and_rotates_only_on_purpose(tmp_path: Path) -> None:
+    cfg = tmp_path / "h.toml"
+    out = tmp_path / "mosquitto"
+
+    def run(sids: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+        cfg.write_text("".join(f'[[sentinels]]\nid = "{s}"\nkey = "{k}"\n' for s, k in sids.items()))
+        argv = [HOLDOVER, "broker-config", "-c", str(cfg), "--out", str(out), *extra]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    def pw(user: str) -> str:
+        return (out / f"{user}.password").read_text().strip()
+
+    first = dict(list(KEYS.items())[:1])
+    assert run(first).returncode == 0
+    before = {u: pw(u) for u in (bc.BRIDGE_USER, *first)}
+    # A second sentinel added later: the deployed board's password and the bridge's stay as they were.
+    r = run(KEYS)
+    assert r.returncode == 0, r.stderr
+    assert {u: pw(u) for u in before} == before
+    added = [s for s in KEYS if s not in first]
+    assert f"new passwords for {', '.join(added)}" in r.stdout and "ROTATED" not in r.stdout
+    # On purpose, one client: only its password changes, and the output says what must follow it.
+    sid = next(iter(first))
+    r = run(KEYS, "--rotate", sid)
+    assert r.returncode == 0, r.stderr
+    assert pw(sid) != before[sid] and pw(bc.BRIDGE_USER) == before[bc.BRIDGE_USER]
+    assert f"ROTATED {sid}" in r.stdout and f"board config.json of {sid}" in r.stdout
+    assert all(f'"password": "{pw(s)}"' in r.stdout for s in KEYS)  # the lines to paste, current
+    r = run(KEYS, "--rotate", "nobody")
+    assert r.returncode == 1 and "--rotate nobody: no such client" in r.stderr and "Traceback" not in r.stderr

@@ -60,3 +60,103 @@ def test_an_error_is_one_line_and_its_exit_code(
     assert "Traceback" not in r.output
     assert said in r.output
     assert r.output.startswith("holdover: "), r.output
+
+
+# --- every subcommand against broken inputs: one line, a non-zero exit, never a traceback -------
+
+KEYLINE = '[[sentinels]]\nid = "s"\nkey = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"\n'
+
+
+def _inputs(tmp: Path) -> dict[str, str]:
+    garbage = tmp / "garbage"
+    garbage.write_bytes(b"\x00\xffnot this\n{[")
+    (tmp / "dir").mkdir()
+    bad_journal = tmp / "bad-journal.toml"
+    bad_journal.write_text(f'[journal]\npath = "{garbage}"\n{KEYLINE}')
+    dir_journal = tmp / "dir-journal.toml"
+    dir_journal.write_text(f'[journal]\npath = "{tmp / "dir"}"\n{KEYLINE}')
+    empty = tmp / "empty.toml"
+    empty.write_text(f'[journal]\npath = "{tmp / "j.db"}"\n{KEYLINE}')
+    return {
+        "missing": str(tmp / "missing"),
+        "garbage": str(garbage),
+        "dir": str(tmp / "dir"),
+        "bad_journal": str(bad_journal),
+        "dir_journal": str(dir_journal),
+        "empty": str(empty),
+    }
+
+
+CONFIG_COMMANDS = [
+    ["bridge"],
+    ["broker-config", "--out", "{dir}/out"],
+    ["doctor"],
+    ["install-service", "--unit-dir", "{dir}"],
+    ["diagnose"],
+    ["failover", "status"],
+    ["status"],
+    ["events"],
+    ["test-alert"],
+    ["ha-remove", "s"],
+    ["relay", "s", "on"],
+]
+BROKEN = [
+    # every command that takes the bridge's config, against each broken config
+    *[(c, cfg) for c in CONFIG_COMMANDS for cfg in ("missing", "garbage", "dir")],
+    # a config that loads, pointing at a journal that is not one
+    (["status"], "bad_journal"),
+    (["events"], "bad_journal"),
+    (["status"], "dir_journal"),
+    (["events"], "dir_journal"),
+    (["bridge"], "bad_journal"),
+    (["bridge"], "dir_journal"),
+    # a config with nothing for the command to do
+    (["diagnose"], "empty"),
+    (["failover", "status"], "empty"),
+    (["test-alert"], "empty"),
+    (["events", "--kind", "mains_lots"], "empty"),
+]
+BOARD_BROKEN = [
+    ["check-config", "{missing}"],
+    ["check-config", "{garbage}"],
+    ["check-config", "{dir}"],
+    ["deploy", "--board", "{garbage}", "--port", "/dev/null"],
+    ["deploy", "--board", "{missing}"],
+    ["console", "--board", "{garbage}", "--port", "/dev/null", "--seconds", "0.1"],
+    ["flash", "{garbage}", "--dry-run", "--port", "/dev/null"],
+    ["flash", "{dir}", "--dry-run", "--port", "/dev/null"],
+    ["emu", "--config", "{missing}", "--control", "127.0.0.1:1"],
+    ["emu", "--config", "{garbage}", "--control", "nonsense"],
+    ["keygen", "bad id!", "--dir", "{dir}"],
+    ["verify", "{garbage}"],
+    ["verify", "{missing}"],
+    ["forget", "nobody"],
+    ["launch", "--name", "x", "--", "/no/such/program"],
+]
+
+
+def _run_broken(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOLDOVER_REGISTRY", str(tmp_path / "registry"))
+    r = CliRunner().invoke(app, argv)
+    # CliRunner keeps an escaped exception in r.exception; what a user would have seen is a traceback.
+    assert r.exception is None or isinstance(r.exception, SystemExit), (argv, repr(r.exception), r.output)
+    assert "Traceback" not in r.output, (argv, r.output)
+    assert r.exit_code != 0, (argv, r.output)
+    assert r.output.strip(), (argv, "nothing said")
+
+
+@pytest.mark.parametrize(("argv", "cfg"), BROKEN, ids=lambda v: "-".join(v) if isinstance(v, list) else v)
+def test_a_broken_config_or_journal_is_one_line_never_a_traceback(
+    argv: list[str], cfg: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _inputs(tmp_path)
+    _run_broken([*(a.format(**paths) for a in argv), "--config", paths[cfg]], tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", BOARD_BROKEN, ids=lambda v: "-".join(v[:2]))
+def test_broken_board_inputs_are_one_line_never_a_traceback(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _inputs(tmp_path)
+    _run_broken([a.format(**paths) for a in argv], tmp_path, monkeypatch)

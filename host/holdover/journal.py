@@ -12,8 +12,10 @@ version is `PRAGMA user_version`; `MIGRATIONS` bring an older journal up to it o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import re
 import sqlite3
 import time
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from holdover.errors import HoldoverError
+from holdover.errors import USAGE, HoldoverError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -89,6 +91,28 @@ def _statements(script: str) -> list[str]:
 class JournalError(HoldoverError):
     """A journal this holdover cannot use; the message names the file."""
 
+    exit_code = USAGE
+
+
+def _unusable(path: Path, e: BaseException) -> str:
+    """What is wrong with a journal file, in words, with what to do ([journal] path names it)."""
+    said = str(e)
+    if path.is_dir():
+        why = "is a directory, not a journal file"
+    elif isinstance(e, sqlite3.DatabaseError) and "not a database" in said:
+        why = "is not a holdover journal (not an SQLite file)"
+    elif not path.exists() and not path.parent.is_dir():
+        why = f"cannot be made: {path.parent} is not a directory"
+    elif not path.exists():
+        why = "does not exist (has the bridge run with this config?)"
+    elif isinstance(e, OSError):
+        why = f"cannot be opened: {e.strerror or e}"
+    elif path.exists() and not os.access(path, os.R_OK):
+        why = "cannot be read by this user"
+    else:
+        why = f"cannot be opened: {said}"
+    return f"journal {path} {why}; fix [journal] path in the config"
+
 
 class Ledger:
     """A wing's own tables in the journal: the subclass declares them (DDL) and is the only code
@@ -140,16 +164,26 @@ class Journal:
     def __init__(self, path: Path | str, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
-        if readonly:
+        try:
+            self._open(str(path))
+        except (sqlite3.Error, OSError) as e:
+            with contextlib.suppress(Exception):
+                self.db.close()
+            raise JournalError(_unusable(self.path, e)) from None
+
+    def _open(self, path: str) -> None:
+        if self.readonly:
             # A reader (tests, status commands) never takes the write lock the bridge needs.
             self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
         else:
-            if str(path) != ":memory:":
+            if path != ":memory:":
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             # Used by one thread at a time (the bridge loop), but not always the one that opened it.
-            self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA busy_timeout=5000")
-        if readonly:
+        # sqlite opens lazily: read the schema now, so a file that is not a journal is found here.
+        self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        if self.readonly:
             return
         self.db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a process crash; a power cut may lose the last few

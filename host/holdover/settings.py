@@ -472,6 +472,8 @@ def load(path: Path) -> Settings:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file (byte {e.start} is not UTF-8); expected TOML") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

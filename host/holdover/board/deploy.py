@@ -40,11 +40,16 @@ class Upload:
         return hashlib.sha256(self.local.read_bytes()).hexdigest()
 
 
-def prepare(config: Path) -> tuple[list[Upload], dict]:
-    """Check the config and build the files for its chip; what would be copied, config last."""
+def check(config: Path) -> None:
+    """The firmware's own rules on the board config, before any board is looked for."""
     problems = check_file(config)
     if problems:
         raise DeployError(f"{config}: " + "; ".join(problems) + " (nothing was copied)")
+
+
+def prepare(config: Path) -> tuple[list[Upload], dict]:
+    """Check the config and build the files for its chip; what would be copied, config last."""
+    check(config)
     cfg = json.loads(config.read_text())
     chip = chips.CHIPS[cfg.get("chip", "esp32")]
     try:

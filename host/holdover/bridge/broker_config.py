@@ -41,6 +41,8 @@ class Written:
     acl: Path
     passwords: dict[str, str] = field(default_factory=dict)  # user -> password, to print once
     password_files: dict[str, Path] = field(default_factory=dict)
+    new: list[str] = field(default_factory=list)  # users with no password before this run
+    rotated: list[str] = field(default_factory=list)  # users whose password was replaced on purpose
 
 
 def acl(sids: list[str], ha_prefix: str = protocol.HA_PREFIX, ha: bool = False) -> str:
@@ -87,6 +89,15 @@ def _private(path: Path, text: str, owner: str | None) -> None:
     _own(path, owner)
 
 
+def _kept_password(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BrokerConfigError(f"{path}: cannot read the password kept there: {e.strerror}") from None
+
+
 def _own(path: Path, owner: str | None) -> None:
     """Mosquitto reads its password and ACL files as the user it drops to."""
     if owner is None or os.geteuid() != 0:
@@ -106,9 +117,11 @@ def write(
     persistence: Path = Path("/var/lib/mosquitto"),
     ha: bool = False,
     owner: str | None = "mosquitto",
+    rotate: list[str] | None = None,
 ) -> Written:
-    """mosquitto.conf, passwd and acl in `directory`, a fresh password per user (each also kept in
-    USER.password, 0600, for the configs that need it)."""
+    """mosquitto.conf, passwd and acl in `directory`; a password per user, kept in USER.password
+    (0600) for the configs that need it. A user that already has one keeps it, so adding a
+    sentinel never locks out a board already deployed; `rotate` names those to replace."""
     tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
     if not Path(tool).exists():
         raise BrokerConfigError("mosquitto_passwd is not installed: apt-get install mosquitto")
@@ -118,9 +131,17 @@ def write(
     directory.mkdir(parents=True, exist_ok=True)
     w = Written(directory, directory / "mosquitto.conf", directory / "passwd", directory / "acl")
     users = [BRIDGE_USER, *([HA_USER] if ha else []), *sids]
+    unknown = sorted(set(rotate or []) - set(users))
+    if unknown:
+        raise BrokerConfigError(f"--rotate {', '.join(unknown)}: no such client (the clients: {', '.join(users)})")
     w.passwd.unlink(missing_ok=True)
     for i, user in enumerate(users):
-        w.passwords[user] = secrets.token_urlsafe(24)
+        kept = _kept_password(directory / f"{user}.password")
+        if kept and user not in (rotate or []):
+            w.passwords[user] = kept
+        else:
+            (w.rotated if kept else w.new).append(user)
+            w.passwords[user] = secrets.token_urlsafe(24)
         # -b takes the password as an argument (seen in this machine's process list for a moment);
         # without it mosquitto_passwd insists on a terminal.
         flags = ["-c"] if i == 0 else []

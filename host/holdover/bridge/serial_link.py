@@ -23,6 +23,7 @@ log = logging.getLogger("holdover.serial")
 
 MAX_LINE = protocol.MAX_PAYLOAD + 64  # a longer line is noise; the gate would refuse it anyway
 SOURCE = "serial"
+NOISE_EVERY_S = 60.0
 
 
 class SerialLink:
@@ -33,6 +34,9 @@ class SerialLink:
         self.loop = loop
         self.connected = threading.Event()
         self.lines = 0
+        self.noise_lines = 0
+        self._noise_said = -NOISE_EVERY_S
+        self._noise_held = 0
         self._port: serial.SerialBase | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -90,17 +94,36 @@ class SerialLink:
 
     def _read(self, port: serial.SerialBase) -> None:
         buf = b""
+        noise = 0  # bytes of an overlong line dropped so far: skipped up to its newline
         while not self._stop.is_set():
             chunk = port.read(max(1, port.in_waiting))
             if not chunk:
                 continue
+            if noise:
+                head, nl, chunk = chunk.partition(b"\n")
+                noise += len(head)
+                if not nl:
+                    continue
+                self._noise(noise)
+                noise = 0
             buf += chunk
             while b"\n" in buf:
                 line, _, buf = buf.partition(b"\n")
                 self._line(line.rstrip(b"\r"))
             if len(buf) > MAX_LINE:
-                log.warning("serial %s: %d bytes without a newline dropped as noise", self.url, len(buf))
-                buf = b""
+                noise, buf = len(buf), b""
+
+    def _noise(self, n: int) -> None:
+        # One line per overlong line (however long), and at most one a minute while they go on:
+        # a babbling port must not flood the log the operator reads in an outage.
+        self.noise_lines += 1
+        now = time.monotonic()
+        if now - self._noise_said < NOISE_EVERY_S:
+            self._noise_held += 1
+            return
+        more = f" (and {self._noise_held} more since the last report)" if self._noise_held else ""
+        log.warning("serial %s: a line of %d bytes dropped as noise%s", self.url, n, more)
+        self._noise_said, self._noise_held = now, 0
 
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"{"):

@@ -89,6 +89,7 @@ def deploy(
     from holdover.board import deploy as deploy_mod
     from holdover.board import flash as flash_mod
 
+    deploy_mod.check(board)  # the config first, as the help says: a bad one needs no board to be refused
     device = flash_mod.pick_port(port).device
     result = deploy_mod.deploy(device, board, say=typer.echo, follow_seconds=follow_s)
     if not result.reached_broker:

@@ -31,6 +31,9 @@ def broker_config(
     persistence: Path = typer.Option(Path("/var/lib/mosquitto"), help="Mosquitto's persistence directory."),
     ha: bool = typer.Option(False, "--ha", help="Add a user for Home Assistant (reads state, switches relays)."),
     lan_address: str = typer.Option("", help="This broker's LAN address, for the sentinels' config lines."),
+    rotate: list[str] = typer.Option(
+        [], "--rotate", help="Give this client (a sentinel id, holdover, homeassistant) a new password; repeatable."
+    ),
 ) -> None:
     """Write a Mosquitto config with a password per client and an ACL per sentinel, and print the
     lines that make the bridge's and each sentinel's configs match."""
@@ -38,10 +41,21 @@ def broker_config(
 
     cfg = load_config(config)
     try:
-        w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha)
+        w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha, rotate=rotate)
     except OSError as e:
         raise bc.BrokerConfigError(str(e)) from None
     typer.echo(f"wrote {w.conf}, {w.passwd} ({len(w.passwords)} users, hashed), {w.acl}")
+    kept = [u for u in w.passwords if u not in w.new and u not in w.rotated]
+    if kept:
+        typer.echo(f"kept the passwords of {', '.join(kept)}: what is deployed with them goes on working")
+    if w.new:
+        typer.echo(f"new passwords for {', '.join(w.new)}")
+    for user in w.rotated:
+        where = {
+            bc.BRIDGE_USER: "nothing: the bridge reads its password_file, restart it",
+            bc.HA_USER: "Home Assistant's MQTT password",
+        }.get(user, f"the board config.json of {user} (its mqtt line below), then holdover deploy")
+        typer.echo(f"ROTATED {user}: its old password no longer works; change {where}")
     typer.echo(f"run it: mosquitto -c {w.conf}")
     typer.echo(f"\n{config}: the bridge's [mqtt] section:")
     typer.echo(f'  username = "{bc.BRIDGE_USER}"\n  password_file = "{w.password_files[bc.BRIDGE_USER]}"')
@@ -195,6 +209,12 @@ def events(
     from holdover.journal import Event, Journal
 
     cfg = load_config(config)
+    if kind is not None and kind not in kinds.TABLE:
+        import difflib
+
+        near = difflib.get_close_matches(kind, list(kinds.TABLE), n=1)
+        hint = f"did you mean {near[0]}?" if near else f"one of: {', '.join(sorted(kinds.TABLE))}"
+        raise fail(f"--kind {kind}: no such event kind; {hint}")
     journal_exists(cfg)
 
     def show(e: Event) -> None:

@@ -77,6 +77,11 @@ def diagnose(
     cfg = load_config(config)
     with NetlinkThread(netns=cfg.failover.netns) as nl:
         findings = asyncio.run(dg.diagnose(cfg, nl.ipr, nl.arun))
+    if not findings:
+        raise fail(
+            f"{config}: nothing to check: no [failover] uplinks, [diagnose] resolvers or [dongle]; "
+            "docs/failover.md shows how to configure them"
+        )
     if as_json:
         typer.echo(json.dumps(dg.summary(findings), indent=1))
     else:

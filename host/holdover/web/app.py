@@ -7,7 +7,13 @@ event feed is one more reaction this module appends to the bridge's list.
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 import holdover
 from holdover.bridge.service import Bridge
@@ -28,4 +34,21 @@ def build(bridge: Bridge, settings: WebSettings) -> FastAPI:
     bridge.reactions.append(app.state.feed)
     for module in (sentinels, runs, checkpoints, failover, events, actions, health, metrics, page):
         app.include_router(module.router)
+    app.add_exception_handler(RequestValidationError, _invalid)
     return app
+
+
+def _finite(v: Any) -> Any:
+    # JSON has no inf or nan: a 422 that echoes one ("ms": 1e400) must say it, not fail as a 500.
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_finite(x) for x in v]
+    return v
+
+
+async def _invalid(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": _finite(jsonable_encoder(_finite(list(exc.errors()))))}, status_code=422)

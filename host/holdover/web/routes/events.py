@@ -39,7 +39,8 @@ def _row(e: Any) -> dict[str, Any]:
 async def list_events(
     kind: str | None = Query(None, description="only this kind"),
     sentinel: str | None = Query(None, description="only this sentinel (node: this machine)"),
-    before: int | None = Query(None, ge=1, description="page: events with an id below this"),
+    # SQLite's INTEGER is 64-bit: a larger id is a 422, not an OverflowError.
+    before: int | None = Query(None, ge=1, le=2**63 - 1, description="page: events with an id below this"),
     limit: int = Query(100, ge=1, le=1000),
     b: Bridge = Depends(bridge),
 ) -> dict[str, Any]:
