@@ -79,8 +79,9 @@ def _journal(path: Path, good: bool) -> None:
         j.set_state(body)
 
 
-def _doctor(tmp_path: Path, lab: NetLab, broker_port: int) -> tuple[int, dict[str, dict]]:
+def _doctor(tmp_path: Path, lab: NetLab, broker_port: int, hook: str) -> tuple[int, dict[str, dict]]:
     cfg = {
+        "hooks": [{"events": ["mains_lost"], "run": hook}],
         "mqtt": {"port": broker_port},
         "journal": {"path": str(tmp_path / "journal.db")},
         "sentinels": [{"id": "rack1", "key": KEY}],
@@ -108,12 +109,12 @@ def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
         lab.serve(PORT)
         _run(tmp_path, in_tmux=True, nbytes=1_000_000, seconds=20)
         try:
-            rc, checks = _doctor(tmp_path, lab, broker.port)
+            rc, checks = _doctor(tmp_path, lab, broker.port, hook="logger -t holdover power lost")
         finally:
             subprocess.run(["tmux", "-S", str(tmp_path / "tmux.sock"), "kill-server"], capture_output=True)
     assert {c["status"] for c in checks.values()} <= {"pass", "skip"}, json.dumps(checks, indent=1)
     assert rc == 0
-    assert len(checks) == 10 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    assert len(checks) == 11 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
     fits = checks["an emergency checkpoint of exp1 fits the battery"]["detail"]
     assert fits == "the last took 20 s; 530 s left to save in (rack1's battery runtime 600 s)"
 
@@ -126,7 +127,7 @@ def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: 
         lab.silence(BACKUP)
         child = _run(tmp_path, in_tmux=False, nbytes=10**18, seconds=900)
         try:
-            rc, checks = _doctor(tmp_path, lab, free_port())  # nothing listens there
+            rc, checks = _doctor(tmp_path, lab, free_port(), hook="/usr/local/bin/no-such-hook --now")
         finally:
             assert child is not None
             child.kill()
@@ -140,6 +141,7 @@ def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: 
         "an emergency checkpoint of exp1 fits the battery": ("fail", "the last took 900 s; 530 s left"),
         "gcore can dump a run that cannot save": ("fail", "ptrace_scope = 3"),
         "the broker answers": ("fail", "cannot connect"),
+        "every hook's program is there": ("fail", "mains_lost: /usr/local/bin/no-such-hook: no such file"),
         "sentinel rack1 is heard": ("fail", "offline (its last will)"),
     }
     for name, (status, words) in want.items():

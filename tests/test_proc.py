@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from holdover import proc
 from holdover.bridge.hooks import HookRunner
@@ -89,3 +91,20 @@ def test_a_spawned_service_is_stopped_with_its_children(tmp_path: Path) -> None:
     proc.stop(p, grace=0.5)
     assert p.poll() is not None
     assert _gone(grandchild)
+
+
+@pytest.mark.parametrize(
+    ("command", "problem"),
+    [
+        ("echo $HOLDOVER_EVENT >> /tmp/x", None),
+        ("LANG=C sh -c 'exit 0'", None),
+        (f"{sys.executable} -c pass", None),
+        ("/no/such/script --now", "/no/such/script: no such file"),
+        ("no-such-program-anywhere arg", "no-such-program-anywhere: not found on PATH"),
+        ("/etc/passwd", "/etc/passwd: not an executable file"),
+        ("unbalanced 'quote", "not a shell command line"),
+    ],
+)
+def test_a_hooks_program_is_checked_before_the_first_outage(command: str, problem: str | None) -> None:
+    got = proc.missing_program(command)
+    assert got == problem if problem is None else (got is not None and got.startswith(problem)), got

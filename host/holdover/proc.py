@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -46,6 +48,36 @@ class Result:
         if self.outcome == "not_started":
             return f"failed to start: {self.output}"
         return "ok" if self.ok else f"exit {self.rc}"
+
+
+# Words the shell runs itself: a hook starting with one of these has no program to look for.
+_SHELL_OWN = frozenset(
+    {
+        *(":", ".", "[", "[[", "cd", "echo", "eval", "exec", "exit", "export", "if", "printf", "read"),
+        *("set", "source", "test", "true", "false", "case", "for", "while", "{", "("),
+    }
+)
+
+
+def missing_program(command: str) -> str | None:
+    """What is wrong with the program a shell command line starts, if anything: found out when it
+    is configured, not at the first outage, when the hook would fail."""
+    try:
+        words = shlex.split(command)
+    except ValueError as e:
+        return f"not a shell command line: {e}"
+    words = [w for w in words if not (("=" in w) and w.split("=", 1)[0].isidentifier())][:1]  # VAR=x cmd
+    if not words or words[0] in _SHELL_OWN:
+        return None
+    prog = words[0]
+    if "/" in prog:
+        p = Path(prog)
+        if not p.exists():
+            return f"{prog}: no such file"
+        if p.is_dir() or not os.access(p, os.X_OK):
+            return f"{prog}: not an executable file"
+        return None
+    return None if shutil.which(prog) else f"{prog}: not found on PATH"
 
 
 def _display(cmd: Command) -> str:

@@ -29,7 +29,13 @@ class HookRunner:
     # --- the bridge's Reaction interface ---
 
     def start(self) -> None:
-        pass
+        # A hook whose program is missing would only fail at the first outage: said at start.
+        for hook in self.hooks:
+            problem = proc.missing_program(hook.run)
+            if problem:
+                log.error(
+                    "hook for %s cannot run: %s (it would fail at its first event)", ",".join(hook.events), problem
+                )
 
     def on_event(self, event: Event) -> None:
         self.dispatch(event)

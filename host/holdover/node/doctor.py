@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from holdover import proc
 from holdover.journal import Journal
 from holdover.mqtt_session import SessionError, session
 from holdover.node import targets as targets_mod
@@ -48,8 +49,18 @@ class Doctor:
             *self.checkpoint_fits(),
             self.gdb(),
             self.broker(),
+            self.hooks(),
             *self.heartbeats(),
         ]
+
+    def hooks(self) -> Check:
+        name = "every hook's program is there"
+        if not self.cfg.hooks:
+            return Check(name, SKIP, "no [[hooks]]")
+        missing = [f"{','.join(h.events)}: {p}" for h in self.cfg.hooks if (p := proc.missing_program(h.run))]
+        if missing:
+            return Check(name, FAIL, "; ".join(missing), "fix the [[hooks]] run line or install the script")
+        return Check(name, PASS, f"{len(self.cfg.hooks)} hook(s), each program found")
 
     def _path(self, absolute: str) -> Path:
         return self.root / absolute.lstrip("/")
