@@ -164,6 +164,7 @@ class Journal:
     def __init__(self, path: Path | str, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
+        self._ensured: dict[str, bool] = {}  # a ledger's DDL -> its tables are there
         try:
             self._open(str(path))
         except (sqlite3.Error, OSError) as e:
@@ -225,11 +226,16 @@ class Journal:
     def ensure(self, ddl: str) -> bool:
         """A wing's own tables, made if missing (CREATE ... IF NOT EXISTS). On a read-only journal
         nothing is made; False then says they are not there (a bridge that never used them)."""
-        if not self.readonly:
-            for statement in _statements(ddl):
-                self.db.execute(statement)
-            return True
-        return all(self._has_table(t) for t in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", ddl))
+        # Once per journal: a ledger made for each API request must not run its DDL each time.
+        if ddl not in self._ensured:
+            if not self.readonly:
+                for statement in _statements(ddl):
+                    self.db.execute(statement)
+                self._ensured[ddl] = True
+            else:
+                tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", ddl)
+                self._ensured[ddl] = all(self._has_table(t) for t in tables)
+        return self._ensured[ddl]
 
     def ping(self) -> None:
         """Raises sqlite3.Error if the journal cannot answer (the health check)."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from holdover.cli.common import OUTAGE, RUN, SET_UP, fail, journal_exists, load_config, setup_logging, wing
+from holdover import settings as settings_mod
+from holdover.cli.common import OUTAGE, RUN, SET_UP, fail, journal_exists, setup_logging, wing
 from holdover.errors import FAILED
 
 app = wing()
@@ -39,7 +40,7 @@ def broker_config(
     lines that make the bridge's and each sentinel's configs match."""
     from holdover.bridge import broker_config as bc
 
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     try:
         w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha, rotate=rotate)
     except OSError as e:
@@ -76,7 +77,7 @@ def test_alert(
 
     from holdover.bridge import notify
 
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     if not cfg.alerts.channels:
         raise fail(f"{config} has no [[alerts.channels]]")
     failed = 0
@@ -102,7 +103,7 @@ def ha_remove(
     """Remove a sentinel's Home Assistant entities (empty their retained discovery configs)."""
     from holdover.bridge import discovery
 
-    removed = discovery.remove(load_config(config).mqtt, sentinel, prefix)
+    removed = discovery.remove(settings_mod.load(config).mqtt, sentinel, prefix)
     if not removed:
         typer.echo(f"no discovery configs for {sentinel} under {discovery.node_filter(sentinel, prefix)}")
         return
@@ -123,7 +124,7 @@ def bridge(
     from holdover.bridge import Bridge
 
     setup_logging(verbose)
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     if not cfg.sentinels:
         raise fail(
             f"{config}: no [[sentinels]]: the bridge would hear nobody. Make a key with "
@@ -147,7 +148,7 @@ def status(
     from holdover.node import launch
     from holdover.web import snapshot
 
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     journal_exists(cfg)
     with Journal(cfg.journal.path, readonly=True) as j:
         st = {
@@ -208,7 +209,7 @@ def events(
     from holdover import events as kinds
     from holdover.journal import Event, Journal
 
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     if kind is not None and kind not in kinds.TABLE:
         import difflib
 
@@ -253,7 +254,7 @@ def relay(
     from holdover.bridge import commands
     from holdover.firmware import protocol
 
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     key = cfg.keys().get(sentinel)
     if key is None:
         raise commands.CommandError(f"no key for {sentinel!r} in {config}")

@@ -1,11 +1,10 @@
-"""What every wing's commands share: loading the config, logging, the one mapping of a
+"""What every wing's commands share: logging, the one mapping of a
 `HoldoverError` to its message and exit code, and the pass / warn / fail table."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -51,11 +50,6 @@ def setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-
-
-def load_config(path: Path) -> settings_mod.Settings:
-    """The bridge's config; a ConfigError names every problem by key and exits 2."""
-    return settings_mod.load(path)
 
 
 def journal_exists(cfg: settings_mod.Settings) -> None:

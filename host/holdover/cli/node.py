@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from holdover.cli.common import OUTAGE, SET_UP, fail, load_config, print_checks, wing
+from holdover import settings as settings_mod
+from holdover.cli.common import OUTAGE, SET_UP, fail, print_checks, wing
 from holdover.errors import FAILED
 
 app = wing()
@@ -25,7 +26,7 @@ def doctor(
     from holdover.node.checks import worst
     from holdover.node.doctor import Doctor
 
-    checks = Doctor(load_config(config), root=root).run()
+    checks = Doctor(settings_mod.load(config), root=root).run()
     if as_json:
         typer.echo(json.dumps([c.as_dict() for c in checks], indent=1))
     else:
@@ -43,7 +44,7 @@ def install_service(
     from holdover import proc
     from holdover.node import systemd
 
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     path, _text = systemd.install(cfg, config, unit_dir)
     typer.echo(f"wrote {path}: holdover bridge --config {config.resolve()}, as root with only")
     typer.echo(f"  {', '.join(systemd.CAPABILITIES)}; the system read-only but for")
@@ -74,7 +75,7 @@ def diagnose(
     from holdover.node.checks import worst
     from holdover.node.netlink import NetlinkThread
 
-    cfg = load_config(config)
+    cfg = settings_mod.load(config)
     with NetlinkThread(netns=cfg.failover.netns) as nl:
         findings = asyncio.run(dg.diagnose(cfg, nl.ipr, nl.arun))
     if not findings:
@@ -105,7 +106,7 @@ def failover_status(
     from holdover.node.failover import check
     from holdover.node.netlink import open_handle
 
-    fo = load_config(config).failover
+    fo = settings_mod.load(config).failover
     if not fo.uplinks:
         raise fail(f"{config} has no [failover] uplinks")
     with open_handle(fo.netns) as ipr:

@@ -97,7 +97,9 @@ def registration_path(registry: Path, name: str, rank: int = 0) -> Path:
 def write_registration(registry: Path, reg: Registration) -> Path:
     registry.mkdir(parents=True, exist_ok=True)
     path = registration_path(registry, reg.name, reg.rank)
-    return write_atomic(path, reg.to_json())  # the bridge never reads a half-written file
+    # The bridge never reads a half-written file. Not fsync'd: it is rewritten after every save, in
+    # the training process, and lives in the runtime directory that a reboot empties anyway.
+    return write_atomic(path, reg.to_json(), durable=False)
 
 
 def read_registrations(registry: Path) -> tuple[list[Registration], list[str]]:
