@@ -72,27 +72,94 @@ def test_severity_routes_each_alert_and_a_recovery_closes_its_problem_everywhere
     assert "closes: Mains power lost at ups1 (after " in team[2]["message"]
 
 
-def test_a_flapping_mains_is_one_alert_each_way_then_a_summary_and_repeats_are_dropped(tmp_path, ntfy) -> None:
+class _Clock:
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_two_cuts_four_minutes_apart_are_two_cuts_on_the_defaults(tmp_path, ntfy) -> None:
+    clock = _Clock()
     with Journal(tmp_path / "j.db") as j:
-        alerts = Alerts(_settings(ntfy, flap_window_s=2.0, flap_after=3), j)
+        alerts = Alerts(_settings(ntfy), j, clock=clock)
 
         async def scenario() -> None:
-            for _ in range(7):
+            for _ in range(2):
                 alerts.on_event(_event(j, protocol.MAINS_LOST))
+                clock.t += 19  # past the grace: a real cut
                 alerts.on_event(_event(j, protocol.MAINS_RESTORED))
+                clock.t += 221
+            await until(lambda: len(ntfy.got) == 4, 10, "both cuts, each way")
+            await asyncio.sleep(1.5)  # the summary task looks once a second: nothing more to say
+
+        _run(alerts, scenario)
+    titles = [m["title"] for m in ntfy.got]
+    assert titles == ["Mains power lost at ups1", "Mains power back at ups1"] * 2
+    assert all(m["message"].startswith("CRITICAL · ") for m in ntfy.got[::2])  # both cuts at critical
+
+
+def test_twelve_changes_in_a_minute_are_the_first_cut_then_one_summary_at_the_end_state(tmp_path, ntfy) -> None:
+    clock = _Clock()
+    channels = [
+        {"name": "team", "url": ntfy.url("team"), "min_severity": "info"},
+        {"name": "oncall", "url": ntfy.url("oncall"), "min_severity": "critical"},
+    ]
+    with Journal(tmp_path / "j.db") as j:
+        alerts = Alerts(_settings(ntfy, channels=channels), j, clock=clock)
+
+        async def scenario() -> None:
+            for i in range(12):
+                alerts.on_event(_event(j, protocol.MAINS_RESTORED if i % 2 else protocol.MAINS_LOST))
+                clock.t += 4
+            alerts.on_event(_event(j, protocol.MAINS_LOST))  # the 13th change: it ends with the power out
             alerts.on_event(_event(j, protocol.BATTERY_LOW, sid="ups2", runtime_s=300))
             alerts.on_event(_event(j, protocol.BATTERY_LOW, sid="ups2", runtime_s=280))  # the same again
-            await until(lambda: any("flapping" in m["title"] for m in ntfy.got), 10, "the summary")
-            await asyncio.sleep(0.5)
+            await until(lambda: len(ntfy.got) == 6, 10, "the first cut each way, the battery, on both")
+            await asyncio.sleep(1.5)
+            assert len(ntfy.got) == 6  # a storm: held
+            clock.t += 61  # quiet for a window: it is over
+            await until(lambda: any(" flapped " in m["title"] for m in ntfy.got), 10, "the summary")
+            alerts.on_event(_event(j, protocol.MAINS_RESTORED))  # after the storm: news again
+            await until(lambda: len(ntfy.on("oncall")) == 5, 10, "the recovery to oncall")
+
+        _run(alerts, scenario)
+    titles = [m["title"] for m in ntfy.on("team")]
+    assert titles[:2] == ["Mains power lost at ups1", "Mains power back at ups1"]
+    assert titles.count("Battery low at ups2: 300 s left") == 1 and not any("280" in t for t in titles)
+    summary = [m for m in ntfy.got if " flapped " in m["title"]]
+    assert len(summary) == 2  # once per channel: it ended on a critical state
+    assert summary[0]["title"] == "Mains lost at ups1 flapped 11 times in 40 s"
+    assert summary[0]["message"].startswith("CRITICAL · ups1 · over:")
+    assert summary[0]["message"].endswith("now: Mains power lost at ups1")
+    assert [m["title"] for m in ntfy.on("oncall") if "ups1" in m["title"]] == [
+        "Mains power lost at ups1",
+        "Mains power back at ups1",
+        "Mains lost at ups1 flapped 11 times in 40 s",
+        "Mains power back at ups1",
+    ]
+    # The storm's summary opened the problem: the recovery closes it, on the channels it went to.
+    assert "closes: Mains power lost at ups1 (after 0 s)" in ntfy.on("oncall")[-1]["message"]
+
+
+def test_a_storm_that_goes_on_is_summarised_every_flap_summary_s(tmp_path, ntfy) -> None:
+    clock = _Clock()
+    with Journal(tmp_path / "j.db") as j:
+        alerts = Alerts(_settings(ntfy, flap_summary_s=120), j, clock=clock)
+
+        async def scenario() -> None:
+            for i in range(40):  # one change every 5 s for 200 s
+                alerts.on_event(_event(j, protocol.MAINS_RESTORED if i % 2 else protocol.MAINS_LOST))
+                clock.t += 5
+                if i == 30:  # the summary is due (at +130 s): the task sees it on its next look
+                    await until(lambda: any("is flapping" in m["title"] for m in ntfy.got), 10, "the summary")
 
         _run(alerts, scenario)
     titles = [m["title"] for m in ntfy.got]
     assert titles[:2] == ["Mains power lost at ups1", "Mains power back at ups1"]
-    assert titles.count("Battery low at ups2: 300 s left") == 1 and not any("280" in t for t in titles)
-    summary = [m for m in ntfy.got if "flapping" in m["title"]]
-    assert len(summary) == 1 and len(titles) == 4, titles
-    assert summary[0]["title"] == "Mains lost at ups1 is flapping: 12 changes in 2 s"
-    assert summary[0]["message"].endswith("now: Mains power back at ups1")
+    assert titles[2] == "Mains lost at ups1 is flapping: 29 changes in 2 min 25 s"
+    assert len(titles) == 3 and ntfy.got[2]["message"].startswith("WARNING · ")
 
 
 def test_a_channel_over_its_rate_gets_one_merged_message_and_nothing_is_lost(tmp_path, ntfy) -> None:

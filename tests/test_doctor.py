@@ -148,3 +148,20 @@ def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: 
         assert checks[name]["status"] == status and words in checks[name]["detail"], checks[name]
         assert status == "pass" or checks[name]["fix"], checks[name]
     assert rc == 2
+
+
+def test_the_fix_is_printed_whole_on_an_80_column_terminal(monkeypatch, capsys) -> None:
+    from holdover.cli.common import print_checks
+    from holdover.node.checks import Check
+
+    fix = "echo 1 | sudo tee /proc/sys/kernel/yama/ptrace_scope; add kernel.yama.ptrace_scope=1 to /etc/sysctl.d/10-ptrace.conf"
+    checks = [
+        Check("the broker answers", "pass", "127.0.0.1:1883 in 2 ms"),
+        Check("gcore can dump a run that cannot save", "fail", "ptrace_scope = 3: no process may be traced", fix),
+    ]
+    monkeypatch.setenv("COLUMNS", "80")
+    print_checks(checks, with_fix=True)
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert f"(1) gcore can dump a run that cannot save: {fix}\n" in out
+    assert max(len(line) for line in out.splitlines() if "│" in line) <= 80  # the table fits

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from holdover.bridge.mqtt_link import Inbound
+from holdover.bridge.presence import Presence
 from holdover.bridge.service import Bridge, BridgeThread
 from holdover.firmware import protocol
 from holdover.journal import HOST_BOOT, Journal
@@ -93,3 +94,71 @@ def test_an_event_that_names_a_predecessor_never_heard_is_logged_as_a_gap(tmp_pa
     assert b.handle(event(7, 5)).accepted  # 5 was an event, and never came
     assert b.view("s1").gaps == 1
     assert "event gap in boot b00tb00t: seq 7 came before seq 5 was heard" in caplog.text
+
+
+def test_a_sentinel_off_the_network_but_heard_on_serial_is_a_path_warning_not_unwatched(rig_factory) -> None:
+    rig = rig_factory(serial=True, heartbeat_s=2, bridge=False, emulator=False)
+    cfg = rig.bridge_config()
+    cfg["serial"] = [{"url": rig.serial_url, "silent_after_s": 6}]
+    rig.start_bridge(Settings.model_validate(cfg))
+    rig.start_emulator()
+    rig.wait("boot", 15)
+    rig.control.send(wlan=False)  # the will fires after 1.5 x 5 s; heartbeats still come over serial
+    down = wait_for(lambda: _host_events(rig.dir, "sentinel_path_down"), 20, "sentinel_path_down")[0]
+    assert down.data == {"path": "MQTT", "via": f"serial {rig.serial_url}"}
+    with Journal(rig.dir / "journal.db", readonly=True) as j:
+        assert j.status(rig.sid) == "serial only"
+    rig.control.send(wlan=True)
+    up = wait_for(lambda: _host_events(rig.dir, "sentinel_path_up"), 20, "sentinel_path_up")[0]
+    assert up.data["path"] == "MQTT"
+    assert _host_events(rig.dir, "sentinel_offline") == []  # never unwatched: serial carried it all along
+
+    rig.emulator.stop()  # the board gone: its socket closes (the will) and the serial lines stop
+    off = wait_for(lambda: _host_events(rig.dir, "sentinel_offline"), 20, "sentinel_offline")
+    assert len(off) == 1 and sorted(off[0].data["paths"]) == sorted(["mqtt", rig.serial_url])
+    assert _host_events(rig.dir, "sentinel_online") == []
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_presence_by_path_on_a_virtual_clock(tmp_path: Path) -> None:
+    raised: list[tuple[str, str]] = []
+    clock = _Clock()
+    port = "/dev/ttyUSB0"
+    with Journal(tmp_path / "j.db") as j:
+        p = Presence(j, lambda sid, kind, data: raised.append((kind, data.get("path", ""))), {port: 75}, clock)
+        p.status("s1", "online", retained=True)  # first sight, online: nothing to say
+        p.heard("s1", port)
+        p.status("s1", "offline", retained=False)
+        assert raised == [("sentinel_path_down", "MQTT")]
+        clock.t += 60
+        p.heard("s1", port)  # a heartbeat: the serial path stays alive
+        clock.t += 74
+        p._settle("s1", p._get("s1"), False)
+        assert raised[-1][0] == "sentinel_path_down" and len(raised) == 1
+        clock.t += 2  # 76 s since the last line: no path is left
+        p._settle("s1", p._get("s1"), False)
+        assert raised[-1][0] == "sentinel_offline" and j.status("s1") == "offline"
+        p._settle("s1", p._get("s1"), False)
+        assert len(raised) == 2  # said once
+        p.heard("s1", port)  # back, over serial only: and so its MQTT path is still down
+        assert raised[-2:] == [("sentinel_online", ""), ("sentinel_path_down", "MQTT")]
+        assert j.status("s1") == "serial only"
+        p.status("s1", "online", retained=False)
+        assert raised[-1] == ("sentinel_path_up", "MQTT")
+        # The serial cable pulled while MQTT carries it: a warning about that path.
+        clock.t += 80
+        p._settle("s1", p._get("s1"), False)
+        assert raised[-1] == ("sentinel_path_down", f"serial {port}") and j.status("s1") == "online"
+        n = len(raised)
+
+        # A restart: the journal's word stands, the retained online raises nothing.
+        again = Presence(j, lambda sid, kind, data: raised.append((kind, "")), {port: 75}, clock)
+        again.status("s1", "online", retained=True)
+        assert len(raised) == n

@@ -32,6 +32,8 @@ HOST = "host"  # raised on this machine by the bridge or a node reaction
 
 SENTINEL_OFFLINE = "sentinel_offline"  # its last will, or "offline" published (NUT's COMMBAD)
 SENTINEL_ONLINE = "sentinel_online"
+SENTINEL_PATH_DOWN = "sentinel_path_down"  # one path silent (MQTT, a serial port), another still carries it
+SENTINEL_PATH_UP = "sentinel_path_up"
 FAILOVER = "failover"  # the node's traffic moved to a backup uplink
 FAILBACK = "failback"
 
@@ -97,8 +99,22 @@ _KINDS = (
     Kind(protocol.UPLINK_RESTORED, INFO, "internet uplink back at {sid}", resolves=protocol.UPLINK_LOST),
     Kind(protocol.RELAY, INFO, "relay at {sid} switched", alert=False),
     # --- from this machine -----------------------------------------------------------------------
-    Kind(SENTINEL_OFFLINE, WARNING, "sentinel {sid} went silent", HOST, doing="power and uplink are unwatched"),
+    Kind(
+        SENTINEL_OFFLINE,
+        WARNING,
+        "sentinel {sid} went silent",
+        HOST,
+        doing="power and uplink are unwatched",
+    ),
     Kind(SENTINEL_ONLINE, INFO, "sentinel {sid} is back", HOST, resolves=SENTINEL_OFFLINE),
+    Kind(
+        SENTINEL_PATH_DOWN,
+        WARNING,
+        "sentinel {sid}: {path} silent, still heard over {via}",
+        HOST,
+        doing="power and uplink still watched over {via}; look at the {path} path (WiFi, broker, cable)",
+    ),
+    Kind(SENTINEL_PATH_UP, INFO, "sentinel {sid}: {path} back", HOST, resolves=SENTINEL_PATH_DOWN),
     Kind(
         "checkpoint_requested",
         WARNING,

@@ -87,6 +87,9 @@ class SerialSettings(_Strict):
 
     url: str = Field(min_length=1, description="/dev/ttyUSB0, /dev/serial/by-id/..., socket://HOST:PORT")
     baud: int = Field(115200, ge=300, le=4000000, description="the board's console speed")
+    silent_after_s: float = Field(
+        75.0, ge=1, le=86400, description="no line for this long: the path is down (2.5 x the board's heartbeat_s)"
+    )
 
 
 class JournalSettings(_Strict):
@@ -315,8 +318,11 @@ class AlertSettings(_Strict):
     channels: list[AlertChannelSettings] = Field(default_factory=list, description="where alerts go")
     mqtt: bool = Field(True, description="also publish each alert, readable, on holdover/alerts")
     dedup_s: float = Field(300.0, ge=0, description="the same alert again within this is dropped")
-    flap_window_s: float = Field(300.0, gt=0, description="changes counted over this window")
-    flap_after: int = Field(3, ge=2, description="changes in the window that make it flapping: a summary instead")
+    flap_window_s: float = Field(
+        60.0, gt=0, description="changes counted over this window; this quiet: a storm is over"
+    )
+    flap_after: int = Field(3, ge=2, description="changes in the window that make a storm: a summary instead")
+    flap_summary_s: float = Field(300.0, gt=0, description="while a storm goes on, a summary this often")
     retry_max_s: float = Field(300.0, gt=0, description="the longest wait between two tries of an unsent alert")
 
     @model_validator(mode="after")

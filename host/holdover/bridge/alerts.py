@@ -4,11 +4,15 @@ A reaction (events.py). Each accepted event the host's table marks as worth aler
 alert with a title (what happened, where) and a body (severity, when, what holdover is doing
 about it, the battery runtime left, which problem a recovery closes and how long it lasted).
 
-Storms are stopped before anything is queued: the same alert again within `dedup_s` is dropped;
-a problem that changes state `flap_after` times within `flap_window_s` is flapping, and from then
-on its changes are counted, not sent, until a summary ("mains power at ups1 flapped 14 times in
-5 min; now: ...") at the end of each window it keeps flapping. A recovery goes to every channel
-its problem went to, whatever their minimum severity.
+Storms are stopped before anything is queued, and a storm is a rate: a problem that changes state
+`flap_after` times within `flap_window_s` (3 in a minute) is flapping. Two real cuts minutes apart
+are two cuts, each alerted; the same alert again without a change between (within `dedup_s`) is
+dropped. While a problem flaps its changes are counted, not sent, with a summary every
+`flap_summary_s` it goes on; once it has been quiet for a window the storm is over and one summary
+says so and what it ended on ("Mains lost at ups1 flapped 12 times in 48 s", now: power lost),
+at the severity of that end state, so a storm that ends in a cut still reaches the critical
+channels and opens the problem its recovery will close. A recovery goes to every channel its
+problem went to, whatever their minimum severity.
 
 Delivery is durable: every alert is a row in the journal's outbox per channel before anything is
 sent, retried with backoff until its channel takes it, and marked sent the moment it did, so a
@@ -53,9 +57,10 @@ class _Problem:
     title: str = ""  # the problem alert's title, for the recovery that closes it
     channels: set[str] = field(default_factory=set)
     flapping_since: float | None = None
-    flaps: int = 0  # changes counted since the last summary
+    flaps: int = 0  # changes counted since the storm began
     summary_at: float = 0.0
     now: str = ""  # the latest state's title, for the summary
+    now_kind: str = ""  # and its kind: the storm's end state
 
 
 def _duration(s: float) -> str:
@@ -123,15 +128,17 @@ class Alerts:
         p = self._problems[(event.sid, problem_kind)]
         now = self.clock()
         severity, title, body = compose(event, p, now)
+        if p.flapping_since is not None and now - p.changes[-1] >= self.s.flap_window_s:
+            self._summary(event.sid, problem_kind, p, now, final=True)  # quiet for a window: it is over
         p.changes.append(now)
         while p.changes and p.changes[0] < now - self.s.flap_window_s:
             p.changes.popleft()
         if p.flapping_since is not None or len(p.changes) >= self.s.flap_after:
             if p.flapping_since is None:
-                p.flapping_since, p.summary_at = now, now + self.s.flap_window_s
+                p.flapping_since, p.summary_at = now, now + self.s.flap_summary_s
                 log.warning("%s at %s is flapping: alerts held for a summary", problem_kind, event.sid)
             p.flaps += 1
-            p.now = title
+            p.now, p.now_kind = title, event.kind
             return
         if event.kind == p.last_kind and now - p.last_ts < self.s.dedup_s:
             log.info("alert %r again within %.0f s: not sent again", title, self.s.dedup_s)
@@ -184,18 +191,40 @@ class Alerts:
             await asyncio.sleep(1.0)
             now = self.clock()
             for (sid, kind), p in self._problems.items():
-                if p.flapping_since is None or now < p.summary_at:
+                if p.flapping_since is None:
                     continue
-                window = _duration(now - p.flapping_since)
-                what = kind.replace("_", " ")
-                title = f"{what[:1].upper()}{what[1:]} at {sid} is flapping: {p.flaps} changes in {window}"
-                body = f"WARNING · {sid} · each change held back, not sent\nnow: {p.now}"
-                to = {c.name for c in self.channels.values() if RANK[events.WARNING] >= RANK[c.min_severity]}
-                self._deliver(to | p.channels, events.WARNING, "flapping", sid, title, body)
-                quiet = not p.changes or p.changes[-1] < now - self.s.flap_window_s
-                p.flaps, p.flapping_since, p.summary_at = 0, None if quiet else now, now + self.s.flap_window_s
-                if quiet:
-                    p.changes.clear()
+                if now - p.changes[-1] >= self.s.flap_window_s:
+                    self._summary(sid, kind, p, now, final=True)
+                elif now >= p.summary_at:
+                    self._summary(sid, kind, p, now, final=False)
+
+    def _summary(self, sid: str, kind: str, p: _Problem, now: float, final: bool) -> None:
+        assert p.flapping_since is not None
+        # Over: the storm's span, first held change to last; going on: up to now.
+        window = _duration((p.changes[-1] if final else now) - p.flapping_since)
+        what = kind.replace("_", " ")
+        what = what[:1].upper() + what[1:]
+        end = events.kind(p.now_kind)
+        # A storm that ended on the problem is that problem, open: its severity, its recovery to come.
+        severity = end.severity if final and not end.resolves else events.WARNING
+        if final:
+            title = f"{what} at {sid} flapped {p.flaps} times in {window}"
+            body = f"{severity.upper()} · {sid} · over: each change was held back, not sent\nnow: {p.now}"
+        else:
+            title = f"{what} at {sid} is flapping: {p.flaps} changes in {window}"
+            body = f"WARNING · {sid} · each change held back, not sent\nnow: {p.now}"
+        to = {c.name for c in self.channels.values() if RANK[severity] >= RANK[c.min_severity]} | p.channels
+        if final:
+            if end.resolves:
+                p.opened, p.channels = None, set()
+            else:
+                p.opened, p.title, p.channels = now, p.now, to
+            p.last_kind, p.last_ts = p.now_kind, now
+            p.flapping_since, p.flaps = None, 0
+            p.changes.clear()
+        else:
+            p.summary_at = now + self.s.flap_summary_s
+        self._deliver(to, severity, "flapping", sid, title, body)
 
     async def _sender(self) -> None:
         while True:

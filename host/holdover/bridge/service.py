@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from holdover import events
 from holdover.bridge import commands as command
 from holdover.bridge.alerts import Alerts
 from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.hooks import HookRunner
 from holdover.bridge.mqtt_link import Inbound, MqttLink
+from holdover.bridge.presence import Presence
 from holdover.bridge.serial_link import SerialLink
 from holdover.events import Reaction
 from holdover.firmware import protocol
@@ -90,6 +90,8 @@ class Bridge:
         bonds = self.settings.bonding
         if bonds.enabled and (bonds.proc / "net" / "bonding").is_dir():
             self.reactions.append(BondWatch(bonds, self.node_event))
+        silent = {sc.url: sc.silent_after_s for sc in self.settings.serial}
+        self.presence = Presence(self.journal, self._host_event, silent)
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
         self._stop = asyncio.Event()
         self.link: MqttLink | None = None
@@ -105,6 +107,8 @@ class Bridge:
             v = self.gate.mqtt(item.topic, item.payload, item.retained)
         if v.sid is not None:
             view = self.view(v.sid)
+            if item.port is not None and (v.accepted or v.reason == protocol.DUPLICATE):
+                self.presence.heard(v.sid, item.port)
             if v.reason == protocol.DUPLICATE:
                 view.duplicates += 1
             elif not v.accepted:
@@ -116,7 +120,7 @@ class Bridge:
                 self._relay_set(v.sid, v.relay_set)
             elif v.status is not None:
                 view.status = v.status
-                self._presence(v.sid, v.status, item.retained)
+                self.presence.status(v.sid, v.status, item.retained)
             elif v.state is not None:
                 view.state = v.state["data"]
             elif v.event is not None:
@@ -177,17 +181,9 @@ class Bridge:
                 prev,
             )
 
-    def _presence(self, sid: str, status: str, retained: bool) -> None:
-        # Against the journal's last word, so a bridge restart that reads the retained status
-        # again raises nothing, and a sentinel that dropped off while the bridge was down does.
-        before = self.journal.status(sid)
-        self.journal.set_status(sid, status)
-        if status == before or (before is None and status == protocol.ONLINE):
-            return
-        kind = events.SENTINEL_OFFLINE if status == protocol.OFFLINE else events.SENTINEL_ONLINE
-        event = self.journal.host_event(sid, kind, {"status": status, "was": before, "retained": retained})
-        (log.warning if status == protocol.OFFLINE else log.info)("%s: %s (was %s)", sid, kind, before)
-        self._react(event)
+    def _host_event(self, sid: str, kind: str, data: dict[str, Any]) -> None:
+        """An event the bridge raises about a sentinel (its presence): journaled, then to every reaction."""
+        self._react(self.journal.host_event(sid, kind, data))
 
     def _react(self, event: Event) -> None:
         for r in self.reactions:
@@ -235,6 +231,7 @@ class Bridge:
             self.serial.append(link)
         for r in self.reactions:
             r.start()
+        self.presence.start()
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
         notifier = Notifier()  # systemd's Type=notify; nothing outside systemd
         notifier.send(ready=1, status=self.summary())
@@ -255,6 +252,7 @@ class Bridge:
             self.link.stop()
             for s in self.serial:
                 s.stop()
+            await self.presence.close()
             # An unfinished rescue stays 'active' in the journal; the next bridge resumes it.
             for r in reversed(self.reactions):
                 await r.close()

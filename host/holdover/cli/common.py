@@ -59,16 +59,24 @@ def journal_exists(cfg: settings_mod.Settings) -> None:
 
 
 def print_checks(checks: list[Any], with_fix: bool) -> None:
-    """doctor's and diagnose's table: each check, its pass / warn / fail, what was found (and the fix)."""
+    """doctor's and diagnose's table: each check, its pass / warn / fail, what was found; then the fixes.
+
+    The fixes are commands and paths to copy: printed under the table, whole, never cut or folded
+    into a narrow column (the terminal wraps them, as it would a long command line)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     style = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-    t = Table("check", "", "what was found", *(["the fix"] if with_fix else []))
+    t = Table("check", "", "what was found")
+    t.columns[0].overflow = t.columns[2].overflow = "fold"
+    fixes = [c for c in checks if with_fix and c.fix and c.status in ("warn", "fail")]
     for c in checks:
-        row = [escape(c.name), f"[{style[c.status]}]{c.status}[/]", escape(c.detail)]
-        if with_fix:
-            row.append(escape(c.fix if c.status != "pass" else ""))
-        t.add_row(*row)
-    Console().print(t)
+        mark = f" [dim]({fixes.index(c) + 1})[/]" if c in fixes else ""
+        t.add_row(escape(c.name), f"[{style[c.status]}]{c.status}[/]", escape(c.detail) + mark)
+    out = Console()
+    out.print(t)
+    if fixes:
+        out.print("to fix:")
+        for i, c in enumerate(fixes, 1):
+            out.print(f"({i}) {escape(c.name)}: {escape(c.fix)}", soft_wrap=True, highlight=False)

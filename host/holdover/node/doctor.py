@@ -256,6 +256,9 @@ class Doctor:
                 seen = row.get("seen_ts") or row.get("status_ts")
                 if row.get("status") == "offline":
                     out.append(Check(name, FAIL, f"offline (its last will) {_ago(now, seen)}", "is it powered?"))
+                elif row.get("status") == "serial only":
+                    why = f"off the network, heard over USB serial only, last {_ago(now, seen)}"
+                    out.append(Check(name, WARN, why, "check its WiFi and the broker (holdover diagnose)"))
                 elif seen is None or now - seen > STALE_AFTER_S:
                     out.append(Check(name, FAIL, f"last heard {_ago(now, seen)}", "is the bridge running?"))
                 else:

@@ -22,7 +22,9 @@ class BridgeCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         b = self.bridge
-        online = GaugeMetricFamily("holdover_sentinel_online", "1 if the sentinel is online", labels=["sentinel"])
+        online = GaugeMetricFamily(
+            "holdover_sentinel_online", "1 if the sentinel is heard on some path (MQTT or serial)", labels=["sentinel"]
+        )
         mains = GaugeMetricFamily("holdover_mains_present", "1 on mains, 0 on battery", labels=["sentinel"])
         pct = GaugeMetricFamily("holdover_battery_percent", "battery charge, percent", labels=["sentinel"])
         volts = GaugeMetricFamily("holdover_battery_volts", "battery voltage", labels=["sentinel"])
@@ -32,7 +34,7 @@ class BridgeCollector(Collector):
         loss = GaugeMetricFamily("holdover_probe_loss_percent", "probe loss", labels=["sentinel", "target"])
         for s in snapshot.sentinels(b.journal, [x.id for x in b.settings.sentinels]):
             sid = s["sid"]
-            online.add_metric([sid], 1.0 if s["status"] == "online" else 0.0)
+            online.add_metric([sid], 1.0 if s["status"] in ("online", "serial only") else 0.0)
             if s["mains"] is not None:
                 mains.add_metric([sid], 1.0 if s["mains"] else 0.0)
             for fam, key in ((pct, "battery_pct"), (volts, "battery_v"), (runtime, "runtime_s")):
