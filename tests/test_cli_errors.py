@@ -103,13 +103,12 @@ CONFIG_COMMANDS = [
 BROKEN = [
     # every command that takes the bridge's config, against each broken config
     *[(c, cfg) for c in CONFIG_COMMANDS for cfg in ("missing", "garbage", "dir")],
-    # a config that loads, pointing at a journal that is not one
+    # a config that loads, pointing at a journal that is not one (the bridge starts all the same
+    # and serves 503 until it can open it: test_journal_broken.py)
     (["status"], "bad_journal"),
     (["events"], "bad_journal"),
     (["status"], "dir_journal"),
     (["events"], "dir_journal"),
-    (["bridge"], "bad_journal"),
-    (["bridge"], "dir_journal"),
     # a config with nothing for the command to do
     (["diagnose"], "empty"),
     (["failover", "status"], "empty"),

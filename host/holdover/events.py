@@ -34,6 +34,8 @@ SENTINEL_OFFLINE = "sentinel_offline"  # its last will, or "offline" published (
 SENTINEL_ONLINE = "sentinel_online"
 SENTINEL_PATH_DOWN = "sentinel_path_down"  # one path silent (MQTT, a serial port), another still carries it
 SENTINEL_PATH_UP = "sentinel_path_up"
+JOURNAL_BROKEN = "journal_broken"  # the bridge's journal cannot write: events held in memory, acted on
+JOURNAL_RESTORED = "journal_restored"
 FAILOVER = "failover"  # the node's traffic moved to a backup uplink
 FAILBACK = "failback"
 
@@ -137,6 +139,21 @@ _KINDS = (
     Kind("checkpoint_hung", CRITICAL, "checkpoint of {target} stopped making progress", HOST),
     Kind("rescued", CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
     Kind("lost", CRITICAL, "{target}: nothing could be saved", HOST),
+    Kind(
+        JOURNAL_BROKEN,
+        CRITICAL,
+        "the bridge's journal cannot be written: {detail}",
+        HOST,
+        doing="events are acted on (hooks, emergency checkpoints) and held in memory, not receipted, "
+        "so the sentinels keep them; free space or fix [journal] path",
+    ),
+    Kind(
+        JOURNAL_RESTORED,
+        INFO,
+        "the bridge's journal is writable again: {held} held event(s) journaled",
+        HOST,
+        resolves=JOURNAL_BROKEN,
+    ),
     Kind(FAILOVER, WARNING, "traffic moved to the backup uplink {uplink}", HOST, doing="{why}"),
     Kind(FAILBACK, INFO, "traffic back on the primary uplink {uplink}", HOST, resolves=FAILOVER),
     Kind(

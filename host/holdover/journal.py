@@ -8,18 +8,30 @@ A wing keeps its own tables in a `Ledger` beside the code that writes them (the 
 node/rescue_ledger.py, the alert outbox in bridge/alert_outbox.py, data usage in node/datacap.py,
 the state history in bridge/history.py); only this module and the ledgers speak SQL. The schema's
 version is `PRAGMA user_version`; `MIGRATIONS` bring an older journal up to it once, at open.
+
+A journal that cannot write (a full disk, a read-only mount, a file the bridge cannot open at
+start) must never stop the bridge acting: acting on a verified mains loss matters more than
+journaling it. So the bridge's journal is opened with `standin=True` (an unopenable file gives an
+in-memory stand-in with the same schema, and the file is tried again), `take()` holds an event it
+cannot write in memory (bounded: HELD_MAX, oldest dropped first; no receipt goes to the sentinel
+for a held event, so its own outbox keeps it and sends it again), `host_event()` and `guard()`
+never raise for a write that failed, and `recover()` journals what was held once the file takes
+writes again. `broken` names the file and the cause meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
+import logging
 import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +106,18 @@ class JournalError(HoldoverError):
     exit_code = USAGE
 
 
+log = logging.getLogger("holdover.journal")
+HELD_MAX = 10_000  # events held in memory while the journal cannot write (about 10 MB at most)
+
+
+def _cause(e: BaseException) -> str:
+    """What went wrong, with the OS's errno name where there is one (ENOSPC, EROFS, EACCES)."""
+    if isinstance(e, OSError) and e.errno:
+        return f"{e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
+    code = getattr(e, "sqlite_errorname", None)
+    return f"{e} ({code})" if code else str(e)
+
+
 def _unusable(path: Path, e: BaseException) -> str:
     """What is wrong with a journal file, in words, with what to do ([journal] path names it)."""
     said = str(e)
@@ -123,8 +147,18 @@ class Ledger:
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
-        self.db = journal.db
-        self.present = journal.ensure(self.DDL)
+        journal.ensure(self.DDL)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        # The journal's connection of the moment: a stand-in is replaced by the file once it opens,
+        # and the ledger's tables are made there on first use.
+        self.journal.ensure(self.DDL)
+        return self.journal.db
+
+    @property
+    def present(self) -> bool:
+        return self.journal.ensure(self.DDL)
 
 
 HOST_BOOT = "host"  # the boot of events the bridge raises itself (sentinel_offline, ...)
@@ -161,26 +195,37 @@ class Event:
 class Journal:
     """The journal; also usable as a context manager that closes the connection."""
 
-    def __init__(self, path: Path | str, readonly: bool = False) -> None:
+    def __init__(self, path: Path | str, readonly: bool = False, standin: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
         self._ensured: dict[str, bool] = {}  # a ledger's DDL -> its tables are there
+        self.broken: str | None = None  # what is wrong, naming the file, while it cannot write
+        self.durable = True  # False while the connection is an in-memory stand-in for the file
+        self.held: OrderedDict[tuple[str, str, int], tuple[str, dict[str, Any]]] = OrderedDict()
+        self.dropped = 0  # held events dropped to stay within HELD_MAX (their sentinels still have them)
+        self._unjournaled = 0  # the ids of held events count down from -1
         try:
             self._open(str(path))
         except (sqlite3.Error, OSError) as e:
             with contextlib.suppress(Exception):
                 self.db.close()
-            raise JournalError(_unusable(self.path, e)) from None
+            if not standin:
+                raise JournalError(_unusable(self.path, e)) from None
+            self.db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            self.db.executescript(SCHEMA)
+            self.durable = False
+            self._broke(_unusable(self.path, e) + f" ({_cause(e)})")
 
     def _open(self, path: str) -> None:
         if self.readonly:
             # A reader (tests, status commands) never takes the write lock the bridge needs.
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
         else:
             if path != ":memory:":
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             # Used by one thread at a time (the bridge loop), but not always the one that opened it.
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db = db
         self.db.execute("PRAGMA busy_timeout=5000")
         # sqlite opens lazily: read the schema now, so a file that is not a journal is found here.
         self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -264,14 +309,104 @@ class Journal:
         return dataclasses.replace(e, id=cur.lastrowid or 0)
 
     def host_event(self, sid: str, kind: str, data: dict[str, Any]) -> Event:
-        """Journal an event the bridge itself raises about a sentinel (its own numbering, boot HOST_BOOT)."""
+        """Journal an event the bridge itself raises about a sentinel (its own numbering, boot HOST_BOOT).
+        When the journal cannot write, the event is held and returned all the same: it is acted on."""
+        body = {"sid": sid, "boot": HOST_BOOT, "seq": 0, "kind": kind, "ms": 0, "ts": int(time.time()), "data": data}
+        if self.durable and self.broken is None:
+            try:
+                return self._host_insert(body)
+            except (sqlite3.Error, OSError) as e:
+                self.failed(f"journaling {kind}", e)
+        self._unjournaled += 1
+        body["seq"] = -self._unjournaled  # numbered for real when it is journaled
+        return self._hold(HOST_SOURCE, body)
+
+    def _host_insert(self, body: dict[str, Any]) -> Event:
         (last,) = self.db.execute(
-            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE sid=? AND boot=?", (sid, HOST_BOOT)
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE sid=? AND boot=?", (body["sid"], HOST_BOOT)
         ).fetchone()
-        body = {"sid": sid, "boot": HOST_BOOT, "seq": last + 1, "kind": kind, "ms": 0, "ts": int(time.time())}
-        event = self.accept(HOST_SOURCE, {**body, "data": data})
+        event = self.accept(HOST_SOURCE, {**body, "seq": last + 1})
         assert event is not None  # one writer per journal: the next number is free
         return event
+
+    # --- a journal that cannot write ------------------------------------------------------------
+
+    def take(self, source: str, body: dict[str, Any]) -> tuple[Event | None, bool]:
+        """`accept`, or hold the event in memory when the journal cannot write: (the event, or None
+        if it was had before; whether it is journaled). A held event is acted on but not receipted."""
+        if (body["sid"], body["boot"], body["seq"]) in self.held:
+            return None, False
+        if self.durable and self.broken is None:
+            try:
+                return self.accept(source, body), True
+            except (sqlite3.Error, OSError) as e:
+                self.failed(f"journaling {body['kind']} from {body['sid']}", e)
+        return self._hold(source, body), False
+
+    def _hold(self, source: str, body: dict[str, Any]) -> Event:
+        while len(self.held) >= HELD_MAX:
+            self.held.popitem(last=False)
+            self.dropped += 1
+        self.held[(body["sid"], body["boot"], body["seq"])] = (source, body)
+        self._unjournaled += 1
+        fields = (body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data"))
+        return Event(-self._unjournaled, time.time(), source, *fields)
+
+    def failed(self, doing: str, e: BaseException) -> None:
+        """A write that did not happen: the journal is broken until `recover()` succeeds."""
+        self._broke(f"journal {self.path}: {doing} failed: {_cause(e)}")
+
+    def _broke(self, why: str) -> None:
+        if self.broken is None:
+            log.critical("%s; holding events in memory, acting on them, retrying", why)
+        self.broken = why
+
+    @contextlib.contextmanager
+    def guard(self, doing: str) -> Iterator[None]:
+        """Around a write that must not stop the caller (a status, a hook's record): a failure is
+        noted in `broken` and the caller goes on."""
+        try:
+            yield
+        except (sqlite3.Error, OSError) as e:
+            if isinstance(e, sqlite3.IntegrityError):
+                raise
+            self.failed(doing, e)
+
+    def recover(self) -> int | None:
+        """Try the file again and journal what was held, in order, in one transaction: how many were
+        journaled, or None while it still cannot write (`broken` says why)."""
+        if self.broken is None:
+            return 0
+        if not self.durable:
+            standin = self.db
+            try:
+                self._open(str(self.path))
+            except (sqlite3.Error, OSError) as e:
+                if self.db is not standin:
+                    with contextlib.suppress(Exception):
+                        self.db.close()
+                self.db = standin
+                self.broken = _unusable(self.path, e) + f" ({_cause(e)})"
+                return None
+            standin.close()
+            self.durable = True
+            self._ensured.clear()  # the ledgers' tables, made again in the file on their next use
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                for source, body in self.held.values():
+                    if body["boot"] == HOST_BOOT:
+                        self._host_insert(body)
+                    else:
+                        self.accept(source, body)
+        except (sqlite3.Error, OSError) as e:
+            self.broken = f"journal {self.path}: still cannot write: {_cause(e)}"
+            return None
+        n = len(self.held)
+        self.held.clear()
+        self.broken = None
+        log.warning("journal %s writable again: %d held event(s) journaled", self.path, n)
+        return n
 
     def event_source(self, sid: str, boot: str, seq: int) -> str | None:
         """The channel an already journaled event first came by, or None."""

@@ -15,11 +15,13 @@ channels and opens the problem its recovery will close. A recovery goes to every
 problem went to, whatever their minimum severity.
 
 Delivery is durable: every alert is a row in the journal's outbox per channel before anything is
-sent, retried with backoff until its channel takes it, and marked sent the moment it did, so a
-bridge restart resumes the unsent and sends nothing twice (short of a crash between a channel
-accepting and the mark, a window of one SQLite write). Each channel has a rate limit per hour;
-alerts due beyond it go out merged into one message. Every alert is also published, readable,
-on MQTT `holdover/alerts` for phone apps on the LAN, which needs no uplink.
+sent (while the journal cannot write, a row in memory: the alert that the journal is broken must
+not need the journal; bounded, sent and retried the same way, lost only to a restart), retried
+with backoff until its channel takes it, and marked sent the moment it did, so a bridge restart
+resumes the unsent and sends nothing twice (short of a crash between a channel accepting and the
+mark, a window of one SQLite write). Each channel has a rate limit per hour; alerts due beyond it
+go out merged into one message. Every alert is also published, readable, on MQTT
+`holdover/alerts` for phone apps on the LAN, which needs no uplink.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -44,6 +47,7 @@ log = logging.getLogger("holdover.alerts")
 
 RANK = {events.INFO: 0, events.WARNING: 1, events.CRITICAL: 2}
 HOUR = 3600.0
+UNJOURNALED_MAX = 500  # alerts kept in memory while the journal cannot take them
 
 
 @dataclass
@@ -113,6 +117,9 @@ class Alerts:
         self._problems: dict[tuple[str, str], _Problem] = defaultdict(_Problem)
         self._nudge = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # Outbox rows the journal could not take (id None), and ids it could not mark sent (never again).
+        self._unjournaled: deque[dict[str, Any]] = deque(maxlen=UNJOURNALED_MAX)
+        self._sent_unmarked: set[int] = set()
 
     # --- the Reaction interface -------------------------------------------------------------------
 
@@ -167,7 +174,12 @@ class Alerts:
 
     def _deliver(self, to: set[str], severity: str, kind: str, sid: str, title: str, body: str) -> None:
         for name in sorted(to):
-            self.outbox.queue(name, severity, kind, sid, title, body)
+            try:
+                self.outbox.queue(name, severity, kind, sid, title, body)
+            except (sqlite3.Error, OSError) as e:
+                self.journal.failed(f"queueing the alert {title!r}", e)
+                row = {"id": None, "channel": name, "severity": severity, "title": title, "body": body}
+                self._unjournaled.append({**row, "attempts": 0, "next_try": 0.0})
         if self.publish is not None and self.s.mqtt:
             try:
                 self.publish(f"{title}\n{body}")
@@ -175,6 +187,15 @@ class Alerts:
                 log.exception("alert not published on MQTT")
         log.info("alert %r to %s", title, ", ".join(sorted(to)) or "no channel (MQTT only)")
         self._nudge.set()
+
+    def _retry(self, rows: list[dict[str, Any]], next_try: float, error: str, count: bool = True) -> None:
+        for r in rows:
+            if r["id"] is None:  # in memory: the journal could not take it
+                r["next_try"], r["attempts"] = next_try, r["attempts"] + count
+        ids = [r["id"] for r in rows if r["id"] is not None]
+        if ids:
+            with self.journal.guard("noting an alert to retry"):
+                self.outbox.retry(ids, next_try, error)
 
     async def _sms(self, channel: AlertChannelSettings, title: str, body: str) -> notify.Sent:
         """Through the dongle's SMS: the cellular network, when no internet uplink is left."""
@@ -242,17 +263,22 @@ class Alerts:
     async def _send_due(self) -> None:
         now = self.clock()
         due: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for row in self.outbox.due(now):
+        rows: list[dict[str, Any]] = []
+        with self.journal.guard("reading the alert outbox"):
+            rows = [r for r in self.outbox.due(now) if r["id"] not in self._sent_unmarked]
+        for row in [*rows, *(r for r in self._unjournaled if r["next_try"] <= now)]:
             due[row["channel"]].append(row)
         for name, rows in due.items():
             channel = self.channels.get(name)
             if channel is None:  # removed from the config since: kept, not sent, said once
-                self.outbox.retry([r["id"] for r in rows], now + HOUR, f"no channel {name!r} configured")
+                self._retry(rows, now + HOUR, f"no channel {name!r} configured", count=False)
                 continue
-            sent = self.outbox.messages_since(name, now - HOUR)
+            sent: list[float] = []
+            with self.journal.guard("reading the alert outbox"):
+                sent = self.outbox.messages_since(name, now - HOUR)
             room = channel.per_hour - len(sent)
             if room <= 0:
-                self.outbox.retry([r["id"] for r in rows], sent[0] + HOUR, "rate limit: held")
+                self._retry(rows, sent[0] + HOUR, "rate limit: held", count=False)
                 continue
             batches = [[r] for r in rows] if len(rows) <= room else [rows]  # over the limit: one merged
             for batch in batches:
@@ -269,14 +295,22 @@ class Alerts:
             result = await self._sms(channel, title, body)
         else:
             result = await asyncio.to_thread(notify.send, channel.url, title, body, severity)
-        ids = [r["id"] for r in rows]
+        ids = [r["id"] for r in rows if r["id"] is not None]
         now = self.clock()
         if result.ok:
-            self.outbox.sent(ids, now, ids[0])
+            for r in rows:
+                if r["id"] is None:
+                    self._unjournaled.remove(r)
+            if ids:
+                try:
+                    self.outbox.sent(ids, now, ids[0])
+                except (sqlite3.Error, OSError) as e:
+                    self.journal.failed("marking alerts sent", e)
+                    self._sent_unmarked.update(ids)  # sent: never again, even if the mark is lost
             return
         attempts = max(r["attempts"] for r in rows) + 1
         wait = min(self.s.retry_max_s, 2.0**attempts)
-        self.outbox.retry(ids, now + wait, result.error)
+        self._retry(rows, now + wait, result.error)
         log.warning(
             "alert %r not delivered to %s (try %d): %s; again in %.0f s",
             title,

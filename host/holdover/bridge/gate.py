@@ -51,7 +51,8 @@ class Gate:
 
     def _reject(self, source: str, topic: str | None, payload: bytes, reason: str, detail: str, **kw: Any) -> Verdict:
         log.warning("rejected from %s on %s: %s: %s", source, topic, reason, detail)
-        self.journal.reject(source, topic, reason, detail, payload)
+        with self.journal.guard("journaling a rejection"):
+            self.journal.reject(source, topic, reason, detail, payload)
         return Verdict(False, reason=reason, detail=detail, **kw)
 
     def mqtt(self, topic: str, payload: bytes, retained: bool) -> Verdict:
@@ -128,7 +129,13 @@ class Gate:
             return self._reject(source, topic, payload, RETAINED_EVENT, f"{kind} seq {body['seq']}", sid=sid)
         # Heartbeats are telemetry, never kept or sent again by the sentinel: no receipt.
         receipt = None if kind == protocol.HEARTBEAT else (body["boot"], body["seq"])
-        event = self.journal.accept(source, body)
+        event, journaled = self.journal.take(source, body)
+        if not journaled:
+            # Held in memory, the journal cannot write: acted on, not receipted, so the sentinel
+            # keeps it and sends it again; the held copy makes that a duplicate, not a second action.
+            if event is None:
+                return Verdict(False, leaf=leaf, sid=sid, reason=protocol.DUPLICATE, detail="held, not yet journaled")
+            return Verdict(True, leaf=leaf, sid=sid, event=event)
         if event is None:
             # Already journaled: by the other channel (serial and MQTT both carry every event), or
             # sent again because our receipt did not reach the sentinel. Expected either way and
@@ -156,7 +163,8 @@ class Gate:
                 )
         elif prev and prev["state_ts"] and body["ts"] and body["ts"] < prev["state_ts"]:
             return self._reject(source, topic, payload, STALE_STATE, f"older than the snapshot held (ts {body['ts']})")
-        self.journal.set_state(body)
-        self.history.record(sid, body["data"])
+        with self.journal.guard(f"keeping the state of {sid}"):
+            self.journal.set_state(body)
+            self.history.record(sid, body["data"])
         self._state_via[sid] = source
         return Verdict(True, leaf=protocol.STATE, sid=sid, state=body)

@@ -86,7 +86,8 @@ class HookRunner:
             rc,
             hook.run,
         )
-        self.journal.hook_run(event.id, hook.run, started, ended, outcome, rc, out)
+        with self.journal.guard(f"recording hook {hook.run}"):
+            self.journal.hook_run(event.id, hook.run, started, ended, outcome, rc, out)
         if self.on_done:
             self.on_done(
                 {"event": event.kind, "sid": event.sid, "hook": hook.run, "outcome": outcome, "rc": rc, "output": out}

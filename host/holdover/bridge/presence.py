@@ -100,7 +100,8 @@ class Presence:
         live = self._live(p)
         word, was = self._word(p), self.journal.status(sid)
         if word != was:
-            self.journal.set_status(sid, word)
+            with self.journal.guard(f"keeping the presence of {sid}"):
+                self.journal.set_status(sid, word)
         if not live:
             if not p.offline and known:
                 p.offline, p.down = True, set()

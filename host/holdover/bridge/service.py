@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from holdover import events
 from holdover.bridge import commands as command
 from holdover.bridge.alerts import Alerts
 from holdover.bridge.gate import Gate, Verdict
@@ -60,7 +61,9 @@ class Bridge:
     sentinels: dict[str, SentinelView] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.journal = Journal(self.settings.journal.path)
+        # A journal that cannot be opened is a stand-in in memory, tried again: the bridge still acts.
+        self.journal = Journal(self.settings.journal.path, standin=True)
+        self._journal_said: str | None = None  # the breakage journal_broken was raised for
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
         self.rescuer = Rescuer(self.settings.protect, self.journal, self._react)
@@ -133,9 +136,32 @@ class Bridge:
                 self._react(v.event)
         if v.receipt is not None and v.sid is not None:
             self._receipt(v.sid, v.receipt, item)
+        if self.journal.broken and self._journal_said is None:
+            self._journal_watch_once()
         if self.on_verdict:
             self.on_verdict(v)
         return v
+
+    JOURNAL_RETRY_S = 2.0
+
+    def _journal_watch_once(self) -> None:
+        """Say once that the journal broke (critical, to people, not needing the journal), and try
+        it again; once it takes writes, what was held is journaled and that is said too."""
+        j = self.journal
+        if j.broken and self._journal_said is None:
+            self._journal_said = j.broken
+            self.node_event(events.JOURNAL_BROKEN, {"detail": j.broken, "path": str(j.path)})
+        if j.broken and (n := j.recover()) is not None:
+            self._journal_said = None
+            self.node_event(events.JOURNAL_RESTORED, {"held": n, "dropped": j.dropped, "path": str(j.path)})
+
+    async def _journal_watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.JOURNAL_RETRY_S)
+            try:
+                self._journal_watch_once()
+            except Exception:  # the watch must outlive anything the journal throws at it
+                log.exception("journal watch")
 
     def _receipt(self, sid: str, ident: tuple[str, int], item: Inbound) -> None:
         """Tell the sentinel its event is journaled, by the channel it came: it keeps sending until told."""
@@ -232,6 +258,7 @@ class Bridge:
         for r in self.reactions:
             r.start()
         self.presence.start()
+        journal_watch = asyncio.create_task(self._journal_watch())
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
         notifier = Notifier()  # systemd's Type=notify; nothing outside systemd
         notifier.send(ready=1, status=self.summary())
@@ -249,6 +276,7 @@ class Bridge:
             notifier.send(stopping=1, status="stopping")
             watchdog.cancel()
             stopper.cancel()
+            journal_watch.cancel()
             self.link.stop()
             for s in self.serial:
                 s.stop()
@@ -280,7 +308,8 @@ class Bridge:
     def summary(self) -> str:
         online = sum(1 for v in self.sentinels.values() if v.status == protocol.ONLINE)
         broker = "broker connected" if self.link and self.link.connected.is_set() else "broker not connected"
-        return f"{online}/{len(self.settings.sentinels)} sentinel(s) online, {broker}"
+        journal = f", JOURNAL BROKEN ({len(self.journal.held)} held)" if self.journal.broken else ""
+        return f"{online}/{len(self.settings.sentinels)} sentinel(s) online, {broker}{journal}"
 
 
 class BridgeThread:

@@ -39,8 +39,11 @@ class RescueLedger(Ledger):
     );
     """
 
+    unjournaled = 0  # rescues opened while the journal could not write: ids -1, -2, ...
+
     def open(self, event_id: int, sid: str, reason: str, deadline: float, critical: bool) -> int | None:
-        """A new rescue for a triggering event; None if that event already started one."""
+        """A new rescue for a triggering event; None if that event already started one. A journal
+        that cannot write gets the rescue a negative id: it runs all the same, its steps logged."""
         try:
             cur = self.db.execute(
                 "INSERT INTO rescues (event_id, sid, reason, started, deadline, critical, state) "
@@ -49,15 +52,20 @@ class RescueLedger(Ledger):
             )
         except sqlite3.IntegrityError:
             return None
+        except (sqlite3.Error, OSError) as e:
+            self.journal.failed(f"opening the rescue for {reason}", e)
+            RescueLedger.unjournaled += 1
+            return -RescueLedger.unjournaled
         return cur.lastrowid
 
     def update(self, rescue_id: int, **fields: Any) -> None:
         allowed = {"deadline", "critical", "state", "finished", "reason"}
         cols = [k for k in fields if k in allowed]
-        self.db.execute(
-            f"UPDATE rescues SET {', '.join(f'{c}=?' for c in cols)} WHERE id=?",
-            (*[fields[c] for c in cols], rescue_id),
-        )
+        with self.journal.guard(f"rescue {rescue_id}"):
+            self.db.execute(
+                f"UPDATE rescues SET {', '.join(f'{c}=?' for c in cols)} WHERE id=?",
+                (*[fields[c] for c in cols], rescue_id),
+            )
 
     def rescues(self, state: str | None = None) -> list[dict[str, Any]]:
         if not self.present:
@@ -67,10 +75,11 @@ class RescueLedger(Ledger):
         return [dict(zip(RESCUE_COLS, r, strict=True)) for r in rows]
 
     def step(self, rescue_id: int, target: str, pid: int | None, action: str, **detail: Any) -> None:
-        self.db.execute(
-            "INSERT INTO rescue_steps (rescue_id, ts, target, pid, action, detail) VALUES (?,?,?,?,?,?)",
-            (rescue_id, time.time(), target, pid, action, json.dumps(detail)),
-        )
+        with self.journal.guard(f"rescue {rescue_id}: {action} of {target}"):
+            self.db.execute(
+                "INSERT INTO rescue_steps (rescue_id, ts, target, pid, action, detail) VALUES (?,?,?,?,?,?)",
+                (rescue_id, time.time(), target, pid, action, json.dumps(detail)),
+            )
 
     def steps(self, rescue_id: int | None = None, target: str | None = None) -> list[dict[str, Any]]:
         if not self.present:

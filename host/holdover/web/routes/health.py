@@ -19,11 +19,13 @@ async def healthz(b: Bridge = Depends(bridge)) -> JSONResponse:
     checks: dict[str, Any] = {}
     try:
         b.journal.ping()
-        checks["journal"] = "ok"
+        checks["journal"] = "ok" if b.journal.broken is None else f"error: {b.journal.broken}"
     except sqlite3.Error as e:
         checks["journal"] = f"error: {e}"
+    if b.journal.held:
+        checks["held_events"] = len(b.journal.held)
     checks["broker"] = "connected" if b.link is not None and b.link.connected.is_set() else "not connected"
     # A bridge without its broker still hears the serial line and still protects runs: degraded,
-    # not down. Without its journal it can do nothing safely.
+    # not down. Without its journal it still acts, but keeps nothing: down, for whoever watches.
     ok = checks["journal"] == "ok"
     return JSONResponse({"ok": ok, **checks}, status_code=200 if ok else 503)
