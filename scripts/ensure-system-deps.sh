@@ -15,6 +15,9 @@ if [ "$for_what" != demo ]; then
   command -v ip >/dev/null 2>&1 || need+=(iproute2)
   # nft imposes random packet loss inside the failover tests' own namespaces (no netem here).
   command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
+  # NUT's own upsd and dummy-ups stand in for the host's UPS (tests start them on loopback).
+  [ -x /lib/nut/upsd ] && [ -x /lib/nut/dummy-ups ] || need+=(nut-server)
+  command -v upsc >/dev/null 2>&1 || need+=(nut-client)
   # The dashboard test drives Debian's chromium through Playwright (no browser download).
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
 fi

@@ -14,6 +14,7 @@ import pytest
 import tomli_w
 
 from holdover.journal import Journal
+from holdover.lab import nut
 from holdover.lab.broker import Broker, free_port
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.train import registry
@@ -79,8 +80,11 @@ def _journal(path: Path, good: bool) -> None:
         j.set_state(body)
 
 
-def _doctor(tmp_path: Path, lab: NetLab, broker_port: int, hook: str) -> tuple[int, dict[str, dict]]:
+def _doctor(
+    tmp_path: Path, lab: NetLab, broker_port: int, hook: str, ups: dict | None = None
+) -> tuple[int, dict[str, dict]]:
     cfg = {
+        **({"ups": ups} if ups else {}),
         "hooks": [{"events": ["mains_lost"], "run": hook}],
         "mqtt": {"port": broker_port},
         "journal": {"path": str(tmp_path / "journal.db")},
@@ -105,18 +109,25 @@ def _doctor(tmp_path: Path, lab: NetLab, broker_port: int, hook: str) -> tuple[i
 def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
     _tree(tmp_path / "root", good=True)
     _journal(tmp_path / "journal.db", good=True)
-    with NetLab() as lab, Broker(workdir=tmp_path / "broker") as broker:
+    online = {"ups.status": "OL", "battery.charge": "100", "battery.runtime": "600", "ups.load": "40"}
+    with (
+        NetLab() as lab,
+        Broker(workdir=tmp_path / "broker") as broker,
+        nut.NutServer(tmp_path / "nut", {"hostups": online}) as upsd,
+    ):
         lab.serve(PORT)
         _run(tmp_path, in_tmux=True, nbytes=1_000_000, seconds=20)
         try:
-            rc, checks = _doctor(tmp_path, lab, broker.port, hook="logger -t holdover power lost")
+            ups = {"nut": f"hostups@127.0.0.1:{upsd.port}"}
+            rc, checks = _doctor(tmp_path, lab, broker.port, hook="logger -t holdover power lost", ups=ups)
         finally:
             subprocess.run(["tmux", "-S", str(tmp_path / "tmux.sock"), "kill-server"], capture_output=True)
     assert {c["status"] for c in checks.values()} <= {"pass", "skip"}, json.dumps(checks, indent=1)
     assert rc == 0
-    assert len(checks) == 11 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
-    fits = checks["an emergency checkpoint of exp1 fits the battery"]["detail"]
-    assert fits == "the last took 20 s; 530 s left to save in (rack1's battery runtime 600 s)"
+    assert len(checks) == 12 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    assert checks["the host's UPS sets the deadline"]["detail"].endswith(": OL, 100 %, 600 s left, load 40 %")
+    fits = checks["an emergency checkpoint of exp1 fits the UPS's runtime"]["detail"]
+    assert fits == "the last took 20 s; 530 s left to save in (UPS hostups's runtime 600 s)"
 
 
 def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: Path) -> None:
@@ -138,7 +149,8 @@ def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: 
         "a healthy backup uplink": ("fail", "backup uplink(s) failing their probes: usb"),
         "bonded links have all their slaves": ("fail", "redundancy gone: bond0: eth1 down"),
         "room for the next checkpoint of exp1": ("fail", "the last checkpoint 1000000000.0 GB"),
-        "an emergency checkpoint of exp1 fits the battery": ("fail", "the last took 900 s; 530 s left"),
+        "the host's UPS sets the deadline": ("fail", "no [ups]: an emergency's deadline is [protect] runtime_default"),
+        "an emergency checkpoint of exp1 fits the UPS's runtime": ("fail", "the last took 900 s; 530 s left"),
         "gcore can dump a run that cannot save": ("fail", "ptrace_scope = 3"),
         "the broker answers": ("fail", "cannot connect"),
         "every hook's program is there": ("fail", "mains_lost: /usr/local/bin/no-such-hook: no such file"),

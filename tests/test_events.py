@@ -21,15 +21,18 @@ def test_every_sentinel_kind_has_an_entry_and_the_table_is_consistent() -> None:
         assert k.resolves is None or k.resolves in events.TABLE, k
     assert set(events.RESCUE_TRIGGERS) == {
         protocol.MAINS_LOST,
-        protocol.BATTERY_LOW,
-        protocol.BATTERY_CRITICAL,
+        events.UPS_ON_BATTERY,  # the host's UPS: its runtime is the deadline
+        events.UPS_LOW_BATTERY,
         "checkpoint_requested",  # by a person, on the API
-    }
+    }  # the sentinel's own battery events are its power, not the host's: they start nothing
 
 
 def test_stock_messages_fill_what_is_known_and_never_raise() -> None:
-    assert events.kind(protocol.BATTERY_LOW).describe(sid="rack1", runtime_s=240) == "battery low at rack1: 240 s left"
-    assert events.kind(protocol.BATTERY_LOW).describe(sid="rack1") == "battery low at rack1: ? s left"
+    low = events.kind(protocol.BATTERY_LOW)
+    assert low.describe(sid="rack1", runtime_s=240) == "sentinel rack1's own battery low: 240 s left"
+    assert low.describe(sid="rack1") == "sentinel rack1's own battery low: ? s left"
+    ups = events.kind(events.UPS_ON_BATTERY)
+    assert ups.describe(sid="node", ups="myups", runtime_s=480) == "UPS myups on battery: 480 s left"
     assert events.kind("something_new").severity == events.INFO
 
 

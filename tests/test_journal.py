@@ -1,6 +1,7 @@
 """The journal's schema version and migrations: a journal written before schema versions (kept as
 a SQL dump in tests/fixtures) opens, is brought up to VERSION once, and every row it held reads
-back through the journal and the wings' ledgers."""
+back through the journal and the wings' ledgers; and a journal that cannot write holds what it
+takes, then journals it when it can."""
 
 from __future__ import annotations
 
@@ -117,3 +118,28 @@ def test_a_ledger_on_a_read_only_journal_without_its_tables_reads_as_empty(tmp_p
         assert AlertOutbox(j).alerts() == [] and AlertOutbox(j).unsent() == {}
         assert History(j).points("x", 0) == []
         assert DataUsage(j).alerted("2026-12", "wwan0") == 0.0
+
+
+def test_a_journal_that_cannot_write_holds_events_acts_once_and_journals_them_when_it_can(tmp_path: Path) -> None:
+    def body(seq: int, kind: str = "mains_lost") -> dict:
+        return {"sid": "rack1", "boot": "b1", "seq": seq, "kind": kind, "ms": seq, "ts": None, "data": {}}
+
+    with Journal(tmp_path / "j.db") as j:
+        j.db.execute("PRAGMA query_only=1")  # every write now fails, as on a read-only mount
+        event, journaled = j.take("mqtt", body(1))
+        assert event is not None and event.id < 0 and not journaled
+        assert j.broken is not None and "attempt to write a readonly database" in j.broken
+        assert str(tmp_path / "j.db") in j.broken
+        assert j.take("serial", body(1)) == (None, False)  # the same event again: had, not acted on twice
+        beat, _ = j.take("mqtt", body(2, "heartbeat"), hold=False)
+        assert beat is not None and len(j.held) == 1  # telemetry is not kept
+        host = j.host_event("node", "journal_broken", {"detail": j.broken})
+        assert host.id < 0 and len(j.held) == 2
+        with j.guard("a status"):
+            j.set_status("rack1", "online")  # noted, not raised
+        assert j.recover() is None and j.broken is not None  # still cannot write
+
+        j.db.execute("PRAGMA query_only=0")
+        assert j.recover() == 2 and j.broken is None and not j.held
+        assert [(e.kind, e.seq) for e in reversed(j.events())] == [("mains_lost", 1), ("journal_broken", 1)]
+        assert j.accept("mqtt", body(1)) is None  # the board's resend is now a duplicate: receipted

@@ -101,5 +101,5 @@ def test_the_bridge_refuses_a_config_without_sentinels(tmp_path: Path) -> None:
     cfg = tmp_path / "h.toml"
     cfg.write_text('[mqtt]\nhost = "127.0.0.1"\n')
     r = subprocess.run([HOLDOVER, "bridge", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "no [[sentinels]]: the bridge would hear nobody" in r.stderr, r.stderr
+    assert r.returncode == 2 and "no [[sentinels]] and no [ups]: the bridge would hear nobody" in r.stderr, r.stderr
     assert "holdover keygen" in r.stderr

@@ -34,6 +34,12 @@ SENTINEL_OFFLINE = "sentinel_offline"  # its last will, or "offline" published (
 SENTINEL_ONLINE = "sentinel_online"
 SENTINEL_PATH_DOWN = "sentinel_path_down"  # one path silent (MQTT, a serial port), another still carries it
 SENTINEL_PATH_UP = "sentinel_path_up"
+UPS_ON_BATTERY = "ups_on_battery"  # the host's UPS (NUT's OB): the rescue's clock starts
+UPS_ONLINE = "ups_online"
+UPS_LOW_BATTERY = "ups_low_battery"  # NUT's LB or FSD, or runtime under [ups] low_runtime_s
+UPS_UNREADABLE = "ups_unreadable"  # upsd unreachable, refusing, no such UPS: the deadline is a guess
+UPS_READABLE = "ups_readable"
+POWER_DISAGREE = "power_disagree"  # a sentinel says mains lost, the UPS says on line
 JOURNAL_BROKEN = "journal_broken"  # the bridge's journal cannot write: events held in memory, acted on
 JOURNAL_RESTORED = "journal_restored"
 FAILOVER = "failover"  # the node's traffic moved to a backup uplink
@@ -77,21 +83,20 @@ _KINDS = (
         doing="every protected training run gets an emergency checkpoint unless mains is back within the grace",
     ),
     Kind(protocol.MAINS_RESTORED, INFO, "mains power back at {sid}", resolves=protocol.MAINS_LOST),
+    # The sentinel's own cell (an 18650 for the ESP32): its power, never the host's deadline ([ups]).
     Kind(
         protocol.BATTERY_LOW,
-        CRITICAL,
-        "battery low at {sid}: {runtime_s} s left",
-        starts_rescue=True,
-        doing="emergency checkpoints of every protected training run, inside the runtime left",
+        WARNING,
+        "sentinel {sid}'s own battery low: {runtime_s} s left",
+        doing="nothing on the host: this is the sentinel's cell; when it runs out, power goes unwatched",
     ),
     Kind(
         protocol.BATTERY_CRITICAL,
         CRITICAL,
-        "battery critical at {sid}: {runtime_s} s left",
-        starts_rescue=True,
-        doing="last checkpoints, then the configured final command",
+        "sentinel {sid}'s own battery critical: {runtime_s} s left",
+        doing="nothing on the host: the sentinel goes quiet soon, power and uplink unwatched",
     ),
-    Kind(protocol.BATTERY_OK, INFO, "battery recovered at {sid}", resolves=protocol.BATTERY_LOW),
+    Kind(protocol.BATTERY_OK, INFO, "sentinel {sid}'s own battery recovered", resolves=protocol.BATTERY_LOW),
     Kind(
         protocol.UPLINK_LOST,
         WARNING,
@@ -139,6 +144,39 @@ _KINDS = (
     Kind("checkpoint_hung", CRITICAL, "checkpoint of {target} stopped making progress", HOST),
     Kind("rescued", CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
     Kind("lost", CRITICAL, "{target}: nothing could be saved", HOST),
+    Kind(
+        UPS_ON_BATTERY,
+        CRITICAL,
+        "UPS {ups} on battery: {runtime_s} s left",
+        HOST,
+        starts_rescue=True,
+        doing="every protected training run gets an emergency checkpoint inside the UPS's runtime, "
+        "unless power is back within the grace",
+    ),
+    Kind(UPS_ONLINE, INFO, "UPS {ups} back on line power", HOST, resolves=UPS_ON_BATTERY),
+    Kind(
+        UPS_LOW_BATTERY,
+        CRITICAL,
+        "UPS {ups} battery low: {runtime_s} s left",
+        HOST,
+        starts_rescue=True,
+        doing="last checkpoints, then the configured final command",
+    ),
+    Kind(
+        UPS_UNREADABLE,
+        WARNING,
+        "UPS {ups} cannot be read: {detail}",
+        HOST,
+        doing="an emergency checkpoint's deadline falls back to protect.runtime_default, a guess",
+    ),
+    Kind(UPS_READABLE, INFO, "UPS {ups} read again", HOST, resolves=UPS_UNREADABLE),
+    Kind(
+        POWER_DISAGREE,
+        WARNING,
+        "sentinel {sentinel} says mains lost for {after_s} s, UPS {ups} says it is on line power",
+        HOST,
+        doing="the rescue ran on the sentinel's word; check the sentinel's opto is on the wall side of the UPS",
+    ),
     Kind(
         JOURNAL_BROKEN,
         CRITICAL,

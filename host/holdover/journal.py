@@ -331,9 +331,10 @@ class Journal:
 
     # --- a journal that cannot write ------------------------------------------------------------
 
-    def take(self, source: str, body: dict[str, Any]) -> tuple[Event | None, bool]:
+    def take(self, source: str, body: dict[str, Any], hold: bool = True) -> tuple[Event | None, bool]:
         """`accept`, or hold the event in memory when the journal cannot write: (the event, or None
-        if it was had before; whether it is journaled). A held event is acted on but not receipted."""
+        if it was had before; whether it is journaled). A held event is acted on but not receipted.
+        `hold=False` (telemetry nobody sends again): not kept while the journal cannot write."""
         if (body["sid"], body["boot"], body["seq"]) in self.held:
             return None, False
         if self.durable and self.broken is None:
@@ -341,6 +342,10 @@ class Journal:
                 return self.accept(source, body), True
             except (sqlite3.Error, OSError) as e:
                 self.failed(f"journaling {body['kind']} from {body['sid']}", e)
+        if not hold:
+            self._unjournaled += 1
+            fields = (body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data"))
+            return Event(-self._unjournaled, time.time(), source, *fields), False
         return self._hold(source, body), False
 
     def _hold(self, source: str, body: dict[str, Any]) -> Event:

@@ -146,7 +146,9 @@ class ProtectSettings(_Strict):
     enabled: bool = Field(True, description="emergency checkpoints of protected runs on battery")
     registry: ConfigPath | None = Field(None, description="where protected runs register; default as holdover.train")
     grace: float = Field(10.0, ge=0, le=3600, description="seconds on battery before saving (upssched-like)")
-    runtime_default: float = Field(600.0, gt=0, description="UPS runtime (s) when the event carries no estimate")
+    runtime_default: float = Field(
+        600.0, gt=0, description="the UPS runtime (s) assumed when no [ups] says it: a guess, named so"
+    )
     margin: float = Field(60.0, ge=0, description="seconds of the runtime estimate kept in reserve")
     hang_after: float = Field(30.0, gt=0, description="a save that reports no progress this long is hung")
     after_save: Literal["continue", "exit"] = Field("continue", description="what a run does once saved")
@@ -154,7 +156,9 @@ class ProtectSettings(_Strict):
     gcore: bool = Field(True, description="dump a run that cannot save in time with gcore")
     gcore_rate_mb_s: float = Field(350.0, gt=0, description="measured gcore speed, for its time budget")
     shm: list[str] = Field(default_factory=list, description="globs under /dev/shm copied on rescue")
-    final_command: str = Field("", description="run once all targets are saved or rescued, on battery_critical")
+    final_command: str = Field(
+        "", description="run once all targets are saved or rescued, when the host UPS reaches low battery"
+    )
     final_timeout: float = Field(60.0, gt=0, description="seconds final_command may take")
     match_cmdline: list[str] = Field(default_factory=list, description="regexes for unregistered training processes")
     match_tmux: list[str] = Field(default_factory=list, description="globs of tmux session names to protect")
@@ -282,6 +286,53 @@ class DongleSettings(_PasswordFromFile):
     cap_interval: float = Field(10.0, gt=0, le=3600, description="seconds between two counts")
 
 
+NUT_UPS = re.compile(r"^(?P<ups>[A-Za-z0-9_.-]+)@(?P<host>[A-Za-z0-9_.:-]+?)(?::(?P<port>\d{1,5}))?$")
+
+
+class UpsSettings(_PasswordFromFile):
+    """The host's UPS: what sets the emergency deadline (the sentinel's own cell never does)."""
+
+    nut: str = Field("", description='a NUT server\'s UPS, upsc-style: "myups@127.0.0.1:3493" (port 3493 if left out)')
+    username: str = Field(
+        "", description="a upsd.users user, sent on connecting (reading needs none; upsd asks only for commands)"
+    )
+    password: str = Field("", description="its password (better: password_file)")
+    password_file: ConfigPath | None = Field(None, description="a file holding the password")
+    runtime_s: float = Field(
+        0.0, ge=0, description="a fixed runtime (s) for a UPS that reports none: a guess, the doctor says so"
+    )
+    low_runtime_s: float = Field(
+        0.0, ge=0, description="on battery with less runtime than this: low battery, as NUT's LB (0: LB only)"
+    )
+    poll_s: float = Field(0.5, ge=0.1, le=60, description="how often upsd is asked (a local upsd answers in ms)")
+    timeout_s: float = Field(2.0, gt=0, le=60, description="a NUT answer slower than this is a failed read")
+    disagree_after_s: float = Field(
+        15.0, ge=0, description="a sentinel's mains loss the UPS does not see for this long is alerted"
+    )
+
+    @field_validator("nut")
+    @classmethod
+    def _nut_address(cls, v: str) -> str:
+        if v and not NUT_UPS.match(v):
+            raise ValueError(f"expected UPSNAME@HOST or UPSNAME@HOST:PORT, as upsc takes it; got {v!r}")
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.nut or self.runtime_s)
+
+    def address(self) -> tuple[str, str, int]:
+        """(ups name, host, port) of `nut`."""
+        m = NUT_UPS.match(self.nut)
+        assert m is not None
+        return m["ups"], m["host"], int(m["port"] or 3493)
+
+    @property
+    def name(self) -> str:
+        """How people are told of it: the UPS's own name in NUT, or "UPS" for a fixed runtime."""
+        return self.address()[0] if self.nut else "UPS"
+
+
 class AlertChannelSettings(_Strict):
     """One place alerts go: an apprise URL (ntfy, Telegram, Pushover, mailto, Matrix, ...), or
     dongle-sms://+NUMBER[,+NUMBER] for SMS through the [dongle]."""
@@ -359,6 +410,7 @@ class Settings(_Strict):
     hooks: list[HookSettings] = Field(default_factory=list)
     alerts: AlertSettings = AlertSettings()
     protect: ProtectSettings = ProtectSettings()
+    ups: UpsSettings = UpsSettings()
     failover: FailoverSettings = FailoverSettings()
     web: WebSettings = WebSettings()
     dongle: DongleSettings = DongleSettings()

@@ -90,7 +90,11 @@ def compose(event: Event, problem: _Problem | None = None, now: float | None = N
         lines.append("holdover: " + k.action(**fields))
     runtime = event.data.get("runtime_s")
     if isinstance(runtime, int | float) and runtime >= 0:
-        lines.append(f"battery runtime left: about {_duration(runtime)}")
+        # Two batteries, never confused: the host's UPS (the deadline) and the sentinel's own cell.
+        if event.data.get("ups"):
+            lines.append(f"UPS {event.data['ups']}: about {_duration(runtime)} left")
+        else:
+            lines.append(f"sentinel battery: about {_duration(runtime)} left (the sentinel's own cell)")
     if k.resolves and problem is not None and problem.opened is not None:
         lines.append(f"closes: {problem.title} (after {_duration((now or time.time()) - problem.opened)})")
     return k.severity, title, "\n".join(lines)

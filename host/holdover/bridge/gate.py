@@ -129,7 +129,7 @@ class Gate:
             return self._reject(source, topic, payload, RETAINED_EVENT, f"{kind} seq {body['seq']}", sid=sid)
         # Heartbeats are telemetry, never kept or sent again by the sentinel: no receipt.
         receipt = None if kind == protocol.HEARTBEAT else (body["boot"], body["seq"])
-        event, journaled = self.journal.take(source, body)
+        event, journaled = self.journal.take(source, body, hold=kind != protocol.HEARTBEAT)
         if not journaled:
             # Held in memory, the journal cannot write: acted on, not receipted, so the sentinel
             # keeps it and sends it again; the held copy makes that a duplicate, not a second action.

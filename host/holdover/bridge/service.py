@@ -31,8 +31,9 @@ from holdover.node.dongle import Dongle, dial
 from holdover.node.failover import Failover
 from holdover.node.hotplug import Hotplug
 from holdover.node.netlink import open_handle
-from holdover.node.rescue import Rescuer
+from holdover.node.rescue import Rescuer, no_runtime
 from holdover.node.systemd import Notifier
+from holdover.node.ups import UpsWatch
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")
@@ -66,13 +67,18 @@ class Bridge:
         self._journal_said: str | None = None  # the breakage journal_broken was raised for
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
-        self.rescuer = Rescuer(self.settings.protect, self.journal, self._react)
+        # The host's UPS sets the rescue's deadline; without one it is protect.runtime_default, a guess.
+        self.ups = UpsWatch(self.settings.ups, self.node_event) if self.settings.ups.enabled else None
+        runtime = self.ups.runtime if self.ups is not None else no_runtime
+        self.rescuer = Rescuer(self.settings.protect, self.journal, self._react, runtime)
         dongle = Dongle(self.settings.dongle) if self.settings.dongle.enabled else None
         self.alerts = Alerts(
             self.settings.alerts, self.journal, self._publish_alert, wan_down=self.wan_down, dongle=dongle
         )
         # Every accepted event goes to each of these, in order; a new capability appends itself.
         self.reactions: list[Reaction] = [self.hooks, self.rescuer, self.alerts]
+        if self.ups is not None:
+            self.reactions.append(self.ups)
         self.failover: Failover | None = None
         fo = self.settings.failover
         if fo.uplinks:

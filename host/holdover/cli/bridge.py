@@ -125,10 +125,10 @@ def bridge(
 
     setup_logging(verbose)
     cfg = settings_mod.load(config)
-    if not cfg.sentinels:
+    if not cfg.sentinels and not cfg.ups.enabled:
         raise fail(
-            f"{config}: no [[sentinels]]: the bridge would hear nobody. Make a key with "
-            "`holdover keygen ID`; it prints the [[sentinels]] lines to add."
+            f"{config}: no [[sentinels]] and no [ups]: the bridge would hear nobody. Make a key with "
+            "`holdover keygen ID` (it prints the [[sentinels]] lines to add), or point [ups] nut at your UPS."
         )
     from holdover.web.server import run_with
 

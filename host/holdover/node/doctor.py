@@ -23,6 +23,8 @@ from holdover.journal import Journal
 from holdover.mqtt_session import SessionError, session
 from holdover.node import targets as targets_mod
 from holdover.node.checks import FAIL, PASS, SKIP, WARN, Check
+from holdover.node.nut_client import NutError
+from holdover.node.ups import UpsReader, UpsReading
 from holdover.settings import Settings
 
 # A sentinel states every 30 s by default; three missed in a row is not a slow network.
@@ -37,6 +39,7 @@ class Doctor:
         self.root = root
         self.broker_timeout = broker_timeout
         self._targets: list[targets_mod.Target] | None = None
+        self._ups: UpsReading | None = None  # read by the UPS check, used by the checkpoint check
 
     def run(self) -> list[Check]:
         return [
@@ -46,6 +49,7 @@ class Doctor:
             self.backup_uplink(),
             self.bonding(),
             *self.disk_space(),
+            self.ups(),
             *self.checkpoint_fits(),
             self.gdb(),
             self.broker(),
@@ -117,7 +121,7 @@ class Doctor:
         return out
 
     def checkpoint_fits(self) -> list[Check]:
-        """The last checkpoint's duration against the battery's runtime, less the grace time the
+        """The last checkpoint's duration against the host UPS's runtime, less the grace time the
         bridge waits and the margin it keeps."""
         runtime, source = self._runtime()
         p = self.cfg.protect
@@ -127,7 +131,7 @@ class Doctor:
             save = t.reg.last_save if t.reg else None
             if save is None:
                 continue
-            name = f"an emergency checkpoint of {t.name} fits the battery"
+            name = f"an emergency checkpoint of {t.name} fits the UPS's runtime"
             detail = f"the last took {save.seconds:.0f} s; {budget:.0f} s left to save in ({source})"
             if save.seconds > budget:
                 fix = "a bigger UPS, a faster checkpoint disk, or a shorter grace time in [protect]"
@@ -138,17 +142,32 @@ class Doctor:
                 out.append(Check(name, PASS, detail))
         return out
 
+    def ups(self) -> Check:
+        """What sets an emergency's deadline: the host's UPS, read now as the bridge reads it."""
+        name = "the host's UPS sets the deadline"
+        u, default = self.cfg.ups, self.cfg.protect.runtime_default
+        if not u.enabled:
+            why = f"no [ups]: an emergency's deadline is [protect] runtime_default ({default:.0f} s), a guess"
+            return Check(name, FAIL, why, '[ups] nut = "myups@127.0.0.1:3493" (upsc -l 127.0.0.1 lists the names)')
+        if not u.nut:
+            why = f"[ups] runtime_s = {u.runtime_s:.0f} s: a fixed guess, not read from the UPS"
+            return Check(name, WARN, why, "read the UPS through NUT: [ups] nut")
+        try:
+            self._ups = UpsReader(u).read()
+        except NutError as e:
+            return Check(name, FAIL, str(e), "is upsd running, and the UPS's name right? (upsc -l HOST)")
+        if self._ups.runtime_s is None:
+            why = f"{u.nut}: {self._ups.describe()}: the deadline falls back to runtime_default, a guess"
+            return Check(name, WARN, why, "set [ups] runtime_s to the UPS's runtime at your load")
+        return Check(name, PASS, f"{u.nut}: {self._ups.describe()}")
+
     def _runtime(self) -> tuple[float, str]:
-        best: tuple[float, str] | None = None
-        with _journal(self.cfg) as j:
-            for s in self.cfg.sentinels:
-                row = j.sentinel(s.id) if j else None
-                state = (row or {}).get("state") or {}
-                r = state.get("runtime_s")
-                if isinstance(r, int | float) and (best is None or r < best[0]):
-                    best = (float(r), f"{s.id}'s battery runtime {r:.0f} s")
+        if self._ups is not None and self._ups.runtime_s is not None:
+            return self._ups.runtime_s, f"UPS {self.cfg.ups.name}'s runtime {self._ups.runtime_s:.0f} s"
+        if self.cfg.ups.runtime_s:
+            return self.cfg.ups.runtime_s, f"[ups] runtime_s {self.cfg.ups.runtime_s:.0f} s, a guess"
         default = self.cfg.protect.runtime_default
-        return best or (default, f"[protect] runtime_default {default:.0f} s")
+        return default, f"[protect] runtime_default {default:.0f} s, a guess"
 
     def gdb(self) -> Check:
         name = "gcore can dump a run that cannot save"

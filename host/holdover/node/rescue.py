@@ -2,16 +2,20 @@
 
 Timeline of one rescue (all of it journaled, step by step):
 
-  mains_lost ── grace (upssched-like; mains_restored inside it cancels) ──> rescue starts
-  battery_low / battery_critical ──────────────────────────────────────────> rescue starts at once
+  mains_lost (a sentinel) or ups_on_battery (the host's UPS), whichever comes first
+      ── grace (upssched-like; mains_restored / ups_online inside it cancels) ──> rescue starts
+  ups_low_battery ──────────────────────────────────────────────────────────> rescue starts at once
   for each target, concurrently:
       ask to save (socket; the signal if the socket is unreachable) ─> follow progress
       ─> verify every hash of the new manifest ─> done
       no answer, hung (no progress for hang_after), failed, or too late for the deadline
       ─> gcore into the rescue directory, copy configured /dev/shm files, each hashed
-  all targets settled and the battery critical ─> the final command (NUT's SHUTDOWNCMD)
+  all targets settled and the UPS at low battery ─> the final command (NUT's SHUTDOWNCMD)
 
-The deadline is the sentinel's runtime estimate minus a margin, and a target's save is abandoned
+The deadline is the host UPS's runtime left minus a margin (node/ups.py), re-read every second
+while saving so a runtime that drops faster than expected pulls it in; with no UPS runtime known
+it is protect.runtime_default, and every message that uses it says it is a guess. The sentinel's
+own battery never sets it. A cut both sources see runs one rescue. A target's save is abandoned
 early enough to leave the gcore its measured time. A restarted bridge picks up active rescues from
 the journal: a save request carries an id and the training side treats a repeated id as "watch",
 so a restart never makes a run save twice, and a signal already sent is never sent again.
@@ -42,10 +46,12 @@ from holdover.train import ckpt, registry
 log = logging.getLogger("holdover.node.rescue")
 
 
-def runtime_of(event: Event, default: float) -> float:
-    """The sentinel's remaining-runtime estimate carried by the event (seconds), else the configured default."""
-    v = event.data.get("runtime_s")
-    return float(v) if isinstance(v, int | float) and v > 0 else default
+GRACE_KINDS = (protocol.MAINS_LOST, events.UPS_ON_BATTERY)  # power is gone: a blip is ridden out first
+BACK_KINDS = (protocol.MAINS_RESTORED, events.UPS_ONLINE)
+
+
+def no_runtime() -> tuple[float | None, str]:
+    return None, "no [ups] configured"
 
 
 def raised_at(event: Event) -> float:
@@ -58,9 +64,14 @@ def raised_at(event: Event) -> float:
 
 class Rescuer:
     def __init__(
-        self, settings: ProtectSettings, journal: Journal, react: Callable[[Event], None] | None = None
+        self,
+        settings: ProtectSettings,
+        journal: Journal,
+        react: Callable[[Event], None] | None = None,
+        runtime: Callable[[], tuple[float | None, str]] = no_runtime,
     ) -> None:
         self.s = settings
+        self.runtime = runtime  # the host UPS's runtime left now, and where it comes from (node/ups.py)
         self.journal = journal
         self.ledger = RescueLedger(journal)
         self.react = react  # hands the host events this raises to every reaction (alerts, hooks)
@@ -68,27 +79,29 @@ class Rescuer:
         self._active: dict[int, asyncio.Task[None]] = {}
         self._deadline: dict[int, float] = {}
         self._critical: dict[int, bool] = {}
+        self._outage = False  # a power loss's rescue opened, and no source has said power is back
 
     # --- events in ----------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
         if not self.s.enabled:
             return
-        if event.kind == protocol.MAINS_RESTORED:
+        if event.kind in BACK_KINDS:
+            self._outage = False
             if self._grace and not self._grace.done():
                 self._grace.cancel()
-                log.info("mains back within the %.0fs grace: no emergency checkpoint", self.s.grace)
+                log.info("power back within the %.0fs grace (%s): no emergency checkpoint", self.s.grace, event.kind)
             return
         if event.kind not in events.RESCUE_TRIGGERS:
             return
-        if event.kind != protocol.MAINS_LOST and event.data.get("on_battery") is False:
-            # A weak battery while mains is up is a maintenance alert, not an emergency.
-            log.info("%s from %s while on mains: no emergency checkpoint", event.kind, event.sid)
+        critical = event.kind == events.UPS_LOW_BATTERY and event.data.get("on_battery") is not False
+        if event.kind == events.UPS_LOW_BATTERY and not critical:
+            # A UPS that reports LB while on line power is recharging: maintenance, not an emergency.
+            log.info("UPS low battery while on line power: no emergency checkpoint")
             return
-        critical = event.kind == protocol.BATTERY_CRITICAL
-        deadline = raised_at(event) + runtime_of(event, self.s.runtime_default) - self.s.margin
+        deadline, why = self.deadline_for(event)
         if self._active:
-            # Already saving: a later, worse estimate shortens the deadline; critical arms the final command.
+            # Already saving: a later, worse estimate shortens the deadline; low battery arms the final command.
             for rid in self._active:
                 if deadline < self._deadline[rid]:
                     self._deadline[rid] = deadline
@@ -97,27 +110,47 @@ class Rescuer:
                     self._critical[rid] = True
                     self.ledger.update(rid, critical=1)
             return
-        if event.kind == protocol.MAINS_LOST and self.s.grace > 0:
+        if event.kind in GRACE_KINDS and self._outage:
+            log.info("%s from %s: this outage's rescue already ran", event.kind, event.sid)
+            return  # the other source's word on the same cut, after the rescue ended: one rescue a cut
+        if event.kind in GRACE_KINDS and self.s.grace > 0:
             if not (self._grace and not self._grace.done()):
-                self._grace = asyncio.get_running_loop().create_task(self._after_grace(event, deadline))
-            return
+                self._grace = asyncio.get_running_loop().create_task(self._after_grace(event))
+            return  # a second source's word within the grace: the same cut, one rescue
         if self._grace and not self._grace.done():
             self._grace.cancel()
-        self._open(event, deadline, critical)
+        self._open(event, deadline, why, critical)
 
-    async def _after_grace(self, event: Event, deadline: float) -> None:
+    def deadline_for(self, event: Event) -> tuple[float, str]:
+        """When the saving must be over (epoch s), and what that rests on, for the log and alerts."""
+        if event.kind in (events.UPS_ON_BATTERY, events.UPS_LOW_BATTERY):
+            rt = event.data.get("runtime_s")
+            if isinstance(rt, int | float) and rt > 0:
+                return raised_at(event) + rt - self.s.margin, f"UPS {event.data.get('ups')} runtime {rt:.0f} s"
+        rt, source = self.runtime()
+        if rt is not None:
+            return time.time() + rt - self.s.margin, source
+        guess = self.s.runtime_default
+        return raised_at(event) + guess - self.s.margin, f"a guess: protect.runtime_default {guess:.0f} s ({source})"
+
+    async def _after_grace(self, event: Event) -> None:
         await asyncio.sleep(self.s.grace)
-        self._open(event, deadline, False)
+        # The runtime now, not at the cut: the grace has used some of it.
+        deadline, why = self.deadline_for(event)
+        self._open(event, deadline, why, False)
 
-    def _open(self, event: Event, deadline: float, critical: bool) -> None:
+    def _open(self, event: Event, deadline: float, why: str, critical: bool) -> None:
+        self._outage = self._outage or event.kind in GRACE_KINDS
         rid = self.ledger.open(event.id, event.sid, event.kind, deadline, critical)
         if rid is None:
             return  # this event already started a rescue (e.g. before a bridge restart)
         log.warning(
-            "%s from %s: emergency checkpoint of every run, deadline in %.0fs",
+            "%s from %s: emergency checkpoint of every run, deadline in %.0fs (%s, less a %.0f s margin)",
             event.kind,
             event.sid,
             deadline - time.time(),
+            why,
+            self.s.margin,
         )
         self._start(rid, deadline, critical)
 
@@ -127,6 +160,21 @@ class Rescuer:
         task = asyncio.get_running_loop().create_task(self._rescue(rid))
         self._active[rid] = task
         task.add_done_callback(lambda _t, r=rid: self._active.pop(r, None))
+        follow = asyncio.get_running_loop().create_task(self._follow_runtime(rid))
+        task.add_done_callback(lambda _t: follow.cancel())
+
+    async def _follow_runtime(self, rid: int) -> None:
+        """Re-read the UPS while saving: a runtime that falls faster than expected pulls the deadline in."""
+        while True:
+            await asyncio.sleep(1.0)
+            rt, source = self.runtime()
+            if rt is None:
+                continue
+            deadline = time.time() + rt - self.s.margin
+            if deadline < self._deadline.get(rid, deadline) - 1.0:
+                log.warning("deadline pulled in by %.0f s: %s", self._deadline[rid] - deadline, source)
+                self._deadline[rid] = deadline
+                self.ledger.update(rid, deadline=deadline)
 
     def start(self) -> None:
         self.recover()

@@ -1,0 +1,119 @@
+"""NUT's own upsd and dummy-ups, run here: UPSes whose variables a test, a bench or the demo writes.
+
+Debian's nut-server, started as its packagers do not expect: the binaries in /lib/nut (the
+/usr/sbin wrappers refuse to run unless /etc/nut/nut.conf's MODE allows it), foregrounded (-F)
+so this process owns them, as root (-u root), with NUT_CONFPATH, NUT_STATEPATH and
+NUT_ALTPIDPATH in a directory of their own, so several can run at once. `dummy-ups` serves the
+`var: value` lines of a .dev file and reads it again when it changes; `set()` replaces the file
+atomically, so upsd never serves half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from holdover.files import write_atomic
+from holdover.lab.broker import free_port
+from holdover.node.nut_client import NutClient, NutError
+
+NUT_BIN = Path("/lib/nut")
+
+
+def available() -> bool:
+    return (NUT_BIN / "upsd").exists() and (NUT_BIN / "dummy-ups").exists()
+
+
+class NutServer:
+    def __init__(
+        self,
+        workdir: Path,
+        upses: dict[str, dict[str, str]],
+        users: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.dir = Path(workdir)
+        self.upses = {name: dict(v) for name, v in upses.items()}
+        self.users = users or {}  # upsd.users: name -> password (upsmon secondary)
+        self.port = port or free_port()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def env(self) -> dict[str, str]:
+        state = str(self.dir / "state")
+        return {**os.environ, "NUT_CONFPATH": str(self.dir), "NUT_STATEPATH": state, "NUT_ALTPIDPATH": state}
+
+    def dev(self, ups: str) -> Path:
+        return self.dir / f"{ups}.dev"
+
+    def _write_configs(self) -> None:
+        (self.dir / "state").mkdir(parents=True, exist_ok=True)
+        (self.dir / "nut.conf").write_text("MODE=netserver\n")
+        section = '[{}]\n  driver = dummy-ups\n  port = {}\n  desc = "holdover lab"\n'
+        ups_conf = "".join(section.format(name, self.dev(name)) for name in self.upses)
+        (self.dir / "ups.conf").write_text(ups_conf)
+        (self.dir / "upsd.conf").write_text(f"LISTEN 127.0.0.1 {self.port}\n")
+        users = "".join(f"[{u}]\n  password = {p}\n  upsmon secondary\n" for u, p in self.users.items())
+        (self.dir / "upsd.users").write_text(users)
+        for p in ("upsd.users", "upsd.conf"):
+            (self.dir / p).chmod(0o600)
+        for name, found in self.upses.items():
+            self.set(name, **found)
+
+    def set(self, ups: str, **found: str) -> None:
+        """Replace the UPS's variables (`ups.status="OB DISCHRG"`, ...): NUT serves them within a second."""
+        self.upses[ups] = {k.replace("_", "."): str(v) for k, v in found.items()}
+        lines = "".join(f"{k}: {v}\n" for k, v in self.upses[ups].items())
+        write_atomic(self.dev(ups), lines.encode(), durable=False)
+
+    def start(self, timeout: float = 15.0) -> NutServer:
+        self._write_configs()
+        for name in self.upses:
+            self.procs[name] = self._spawn([str(NUT_BIN / "dummy-ups"), "-a", name, "-u", "root", "-F"], name)
+        self.procs["upsd"] = self._spawn([str(NUT_BIN / "upsd"), "-u", "root", "-F"], "upsd")
+        deadline = time.monotonic() + timeout
+        for name in self.upses:
+            while True:
+                try:
+                    with NutClient("127.0.0.1", self.port, 1.0) as c:
+                        c.connect()
+                        if c.list_vars(name).get("ups.status", "WAIT") != "WAIT":
+                            break
+                except NutError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"NUT did not serve {name} within {timeout:g} s; see {self.dir}/*.log")
+                time.sleep(0.1)
+        return self
+
+    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+        out = (self.dir / f"{log}.log").open("ab")
+        return subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop_upsd(self) -> None:
+        """upsd gone (the drivers stay): what a client sees when the NUT server dies."""
+        self._kill("upsd")
+
+    def _kill(self, name: str) -> None:
+        p = self.procs.pop(name, None)
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self._kill(name)
+
+    def __enter__(self) -> NutServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
