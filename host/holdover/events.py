@@ -40,6 +40,7 @@ UPS_LOW_BATTERY = "ups_low_battery"  # NUT's LB or FSD, or runtime under [ups] l
 UPS_UNREADABLE = "ups_unreadable"  # upsd unreachable, refusing, no such UPS: the deadline is a guess
 UPS_READABLE = "ups_readable"
 POWER_DISAGREE = "power_disagree"  # a sentinel says mains lost, the UPS says on line
+FINAL_COMMAND = "final_command"  # the site goes down: NUT clients of the served sentinels see FSD
 JOURNAL_BROKEN = "journal_broken"  # the bridge's journal cannot write: events held in memory, acted on
 JOURNAL_RESTORED = "journal_restored"
 FAILOVER = "failover"  # the node's traffic moved to a backup uplink
@@ -176,6 +177,13 @@ _KINDS = (
         "sentinel {sentinel} says mains lost for {after_s} s, UPS {ups} says it is on line power",
         HOST,
         doing="the rescue ran on the sentinel's word; check the sentinel's opto is on the wall side of the UPS",
+    ),
+    Kind(
+        FINAL_COMMAND,
+        CRITICAL,
+        "the host UPS is at low battery: running the final command",
+        HOST,
+        doing="every run is saved or rescued; {command}; NUT clients of the served sentinels see FSD",
     ),
     Kind(
         JOURNAL_BROKEN,

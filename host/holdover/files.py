@@ -60,3 +60,11 @@ def write_private(path: Path, data: str | bytes, *, exclusive: bool = False) -> 
     finally:
         os.close(fd)
     return path
+
+
+def kept_secret(path: Path) -> str | None:
+    """A password kept in a 0600 file by an earlier run, or None: a re-run keeps what is deployed."""
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None

@@ -333,6 +333,36 @@ class UpsSettings(_PasswordFromFile):
         return self.address()[0] if self.nut else "UPS"
 
 
+class NutServerSettings(_Strict):
+    """Serve each sentinel as a NUT UPS: NUT's own upsd and dummy-ups serve the files the bridge keeps
+    current, so upsmon, a NAS, Home Assistant's NUT integration follow it (`holdover nut-config`)."""
+
+    serve: bool = Field(False, description="keep a dummy-ups file per sentinel current")
+    dir: ConfigPath = Field(Path("/var/lib/holdover/nut"), description="where those files (and client passwords) go")
+    prefix: str = Field("holdover-", description="a sentinel's UPS name is this and its id: holdover-rack1")
+    listen: str = Field("0.0.0.0", description="upsd's listening address, for nut-config's upsd.conf")
+    port: int = Field(3493, ge=1, le=65535, description="upsd's port")
+    clients: list[str] = Field(default_factory=list, description="upsmon users (one per machine that follows)")
+    lb_runtime_s: float = Field(
+        0.0, ge=0, description="tell the clients LB once the host UPS has less runtime than this (their shutdown time)"
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _ups_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]*", v):
+            raise ValueError("a NUT UPS name takes A-Z a-z 0-9 _ . -")
+        return v
+
+    @field_validator("clients")
+    @classmethod
+    def _users(cls, v: list[str]) -> list[str]:
+        bad = [c for c in v if not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", c)]
+        if bad or len(set(v)) != len(v):
+            raise ValueError(f"client names: unique, 1-32 of A-Z a-z 0-9 _ . - (got {v})")
+        return v
+
+
 class AlertChannelSettings(_Strict):
     """One place alerts go: an apprise URL (ntfy, Telegram, Pushover, mailto, Matrix, ...), or
     dongle-sms://+NUMBER[,+NUMBER] for SMS through the [dongle]."""
@@ -411,6 +441,7 @@ class Settings(_Strict):
     alerts: AlertSettings = AlertSettings()
     protect: ProtectSettings = ProtectSettings()
     ups: UpsSettings = UpsSettings()
+    nut_server: NutServerSettings = NutServerSettings()
     failover: FailoverSettings = FailoverSettings()
     web: WebSettings = WebSettings()
     dongle: DongleSettings = DongleSettings()

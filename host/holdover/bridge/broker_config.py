@@ -20,7 +20,7 @@ from pathlib import Path
 
 from holdover import proc
 from holdover.errors import HoldoverError
-from holdover.files import write_private
+from holdover.files import kept_secret, write_private
 from holdover.firmware import protocol
 
 BRIDGE_USER = "holdover-bridge"
@@ -91,9 +91,7 @@ def _private(path: Path, text: str, owner: str | None) -> None:
 
 def _kept_password(path: Path) -> str | None:
     try:
-        return path.read_text().strip() or None
-    except FileNotFoundError:
-        return None
+        return kept_secret(path)
     except OSError as e:
         raise BrokerConfigError(f"{path}: cannot read the password kept there: {e.strerror}") from None
 

@@ -19,6 +19,7 @@ from holdover.bridge.alerts import Alerts
 from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.hooks import HookRunner
 from holdover.bridge.mqtt_link import Inbound, MqttLink
+from holdover.bridge.nut_serve import NutServe
 from holdover.bridge.presence import Presence
 from holdover.bridge.serial_link import SerialLink
 from holdover.events import Reaction
@@ -79,6 +80,9 @@ class Bridge:
         self.reactions: list[Reaction] = [self.hooks, self.rescuer, self.alerts]
         if self.ups is not None:
             self.reactions.append(self.ups)
+        if self.settings.nut_server.serve:
+            sids = [x.id for x in self.settings.sentinels]
+            self.reactions.append(NutServe(self.settings.nut_server, sids, self.journal, self.ups))
         self.failover: Failover | None = None
         fo = self.settings.failover
         if fo.uplinks:

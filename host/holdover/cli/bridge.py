@@ -68,6 +68,36 @@ def broker_config(
         typer.echo(f"\nHome Assistant's MQTT: user {bc.HA_USER}, password in {w.password_files[bc.HA_USER]}")
 
 
+@app.command("nut-config", rich_help_panel=SET_UP)
+def nut_config(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([nut_server], sentinels)."),
+    out: Path = typer.Option(Path("/etc/holdover/nut"), help="Where ups.conf, upsd.conf and upsd.users go."),
+    host: str = typer.Option("", help="This NUT server's LAN address, for the clients' upsmon.conf lines."),
+    rotate: list[str] = typer.Option([], "--rotate", help="Give this client a new password; repeatable."),
+) -> None:
+    """Write NUT's config that serves each sentinel as a UPS (NUT's own upsd and dummy-ups), and
+    print each client's upsmon.conf line. Passwords already made are kept."""
+    from holdover.bridge import nut_config as nc
+
+    cfg = settings_mod.load(config)
+    s = cfg.nut_server
+    w = nc.write(s, [x.id for x in cfg.sentinels], out, rotate)
+    typer.echo(f"wrote {', '.join(str(f) for f in w.files)}")
+    kept = [c for c in w.passwords if c not in w.new and c not in w.rotated]
+    if kept:
+        typer.echo(f"kept the passwords of {', '.join(kept)}: the machines following with them go on")
+    for client in w.rotated:
+        typer.echo(f"ROTATED {client}: its old password no longer works; change its upsmon.conf (below)")
+    if not s.serve:
+        typer.echo(f"{config}: set [nut_server] serve = true, so the bridge keeps {s.dir} current")
+    typer.echo(f"run NUT with it: NUT_CONFPATH={out} upsdrvctl start && NUT_CONFPATH={out} upsd")
+    where = host or "<this NUT server's LAN address>"
+    for client, password in w.passwords.items():
+        typer.echo(f"\n{client}, in its upsmon.conf:")
+        for sid in (x.id for x in cfg.sentinels):
+            typer.echo("  " + nc.monitor_line(s, sid, client, password, where))
+
+
 @app.command("test-alert", rich_help_panel=SET_UP)
 def test_alert(
     config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([alerts])."),

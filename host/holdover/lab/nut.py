@@ -11,8 +11,10 @@ atomically, so upsd never serves half of one.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,23 +36,29 @@ class NutServer:
         upses: dict[str, dict[str, str]],
         users: dict[str, str] | None = None,
         port: int | None = None,
+        confdir: Path | None = None,
     ) -> None:
         self.dir = Path(workdir)
+        self.confdir = confdir  # NUT's config made elsewhere (`holdover nut-config`): run it as it is
         self.upses = {name: dict(v) for name, v in upses.items()}
         self.users = users or {}  # upsd.users: name -> password (upsmon secondary)
         self.port = port or free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # The drivers' sockets live here: a short path, as sun_path holds 108 bytes and pytest's
+        # directories are longer than that.
+        self.state = Path(tempfile.mkdtemp(prefix="holdover-nut-", dir="/tmp"))
 
     @property
     def env(self) -> dict[str, str]:
-        state = str(self.dir / "state")
-        return {**os.environ, "NUT_CONFPATH": str(self.dir), "NUT_STATEPATH": state, "NUT_ALTPIDPATH": state}
+        state = str(self.state)
+        conf = str(self.confdir or self.dir)
+        return {**os.environ, "NUT_CONFPATH": conf, "NUT_STATEPATH": state, "NUT_ALTPIDPATH": state}
 
     def dev(self, ups: str) -> Path:
         return self.dir / f"{ups}.dev"
 
     def _write_configs(self) -> None:
-        (self.dir / "state").mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "nut.conf").write_text("MODE=netserver\n")
         section = '[{}]\n  driver = dummy-ups\n  port = {}\n  desc = "holdover lab"\n'
         ups_conf = "".join(section.format(name, self.dev(name)) for name in self.upses)
@@ -70,7 +78,9 @@ class NutServer:
         write_atomic(self.dev(ups), lines.encode(), durable=False)
 
     def start(self, timeout: float = 15.0) -> NutServer:
-        self._write_configs()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.confdir is None:
+            self._write_configs()
         for name in self.upses:
             self.procs[name] = self._spawn([str(NUT_BIN / "dummy-ups"), "-a", name, "-u", "root", "-F"], name)
         self.procs["upsd"] = self._spawn([str(NUT_BIN / "upsd"), "-u", "root", "-F"], "upsd")
@@ -111,6 +121,7 @@ class NutServer:
     def stop(self) -> None:
         for name in list(self.procs):
             self._kill(name)
+        shutil.rmtree(self.state, ignore_errors=True)
 
     def __enter__(self) -> NutServer:
         return self.start()

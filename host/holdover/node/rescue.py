@@ -398,6 +398,9 @@ class Rescuer:
 
     async def _final(self, rid: int) -> None:
         self.ledger.step(rid, "*", None, "final_command", command=self.s.final_command)
+        event = self.journal.host_event(protocol.NODE, events.FINAL_COMMAND, {"command": self.s.final_command})
+        if self.react:
+            self.react(event)
         r = await proc.run(self.s.final_command, timeout=self.s.final_timeout, keep=2000)
         if r.outcome == "timeout":
             self.ledger.step(rid, "*", None, "final_timeout", timeout=self.s.final_timeout)

@@ -1,0 +1,140 @@
+"""Every sentinel as a NUT UPS, so whatever already follows a UPS (upsmon on each machine, a NAS's
+"network UPS server" setting, Home Assistant's NUT integration, WinNUT) follows the sentinel.
+
+NUT serves it, not holdover: the bridge keeps one file per sentinel current in the `dummy-ups`
+format (`var: value` lines), replaced atomically so NUT never reads half of one, and NUT's own
+upsd serves it with its users, ACLs and protocol exactly as its clients expect
+(`holdover nut-config` writes ups.conf, upsd.conf and upsd.users for it). dummy-ups carried a
+change to a polling upsmon in about a second here (docs/nut.md), so nothing is written by hand.
+
+What a client sees, per sentinel:
+
+    ups.status      OL while its mains is on, OB DISCHRG once it reports mains lost; LB when the
+                    host UPS is at low battery or its runtime is under lb_runtime_s (the clients'
+                    time to shut down); FSD once holdover runs its final command
+    battery.charge  the host UPS's, when one is read ([ups]); absent otherwise, never invented
+    battery.runtime the host UPS's runtime left, likewise
+    device.*, ups.id the sentinel (holdover, its id)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from holdover import events
+from holdover.events import Polling
+from holdover.files import write_atomic
+from holdover.firmware import protocol
+from holdover.journal import Event, Journal
+from holdover.node.ups import UpsWatch
+from holdover.settings import NutServerSettings
+
+log = logging.getLogger("holdover.nut")
+
+
+def dev_path(s: NutServerSettings, sid: str) -> Path:
+    return s.dir / f"{s.prefix}{sid}.dev"
+
+
+class NutServe(Polling):
+    """A Reaction: a sentinel's mains events and the host UPS's state, written for dummy-ups."""
+
+    interval = 1.0  # the host UPS's runtime moves without an event: looked at once a second
+
+    def __init__(self, settings: NutServerSettings, sids: list[str], journal: Journal, ups: UpsWatch | None) -> None:
+        self.s = settings
+        self.ups = ups
+        self.journal = journal
+        self.mains: dict[str, bool | None] = dict.fromkeys(sids)
+        self._event_at: dict[str, float] = {}  # when a mains event was taken: an older state must not undo it
+        self._from_states()
+        self.fsd = False
+        self._written: dict[str, str] = {}
+        self._failed: str | None = None
+
+    def start(self) -> None:
+        try:
+            self.s.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            log.error("cannot serve the sentinels to NUT: %s: %s", self.s.dir, e.strerror)
+        self.write_all()
+        super().start()
+
+    def on_event(self, event: Event) -> None:
+        if event.sid in self.mains and event.kind in (protocol.MAINS_LOST, protocol.MAINS_RESTORED):
+            self.mains[event.sid] = event.kind == protocol.MAINS_RESTORED
+            self._event_at[event.sid] = time.time()
+            self.write(event.sid)
+        elif event.kind == events.FINAL_COMMAND:
+            self.fsd = True  # the site goes down: every client is told to, as NUT's primary would
+            self.write_all()
+        elif event.kind in (events.UPS_ON_BATTERY, events.UPS_ONLINE, events.UPS_LOW_BATTERY):
+            self.write_all()
+
+    async def look(self) -> None:
+        self._from_states()
+        self.write_all()
+
+    def _from_states(self) -> None:
+        """A sentinel's mains from its latest state (a boot says it there, with no event)."""
+        for sid in self.mains:
+            held = self.journal.sentinel(sid) or {}
+            mains = (held.get("state") or {}).get("mains")
+            seen = held.get("seen_ts") or 0.0
+            if isinstance(mains, bool) and seen > self._event_at.get(sid, 0.0):
+                self.mains[sid] = mains
+
+    def variables(self, sid: str) -> dict[str, Any] | None:
+        mains = self.mains.get(sid)
+        if mains is None:
+            return None  # never heard: nothing served rather than a guess
+        status = ["OL"] if mains else ["OB", "DISCHRG"]
+        found: dict[str, Any] = {}
+        r = self.ups.latest if self.ups is not None and self.ups.problem is None else None
+        if r is not None and not r.fixed:
+            if r.charge is not None:
+                found["battery.charge"] = f"{r.charge:.0f}"
+            if r.runtime_s is not None:
+                found["battery.runtime"] = f"{r.runtime_s:.0f}"
+            floor = self.s.lb_runtime_s
+            under = floor > 0 and r.on_battery and r.runtime_s is not None and r.runtime_s < floor
+            if r.low(self.ups.s.low_runtime_s if self.ups else 0.0) or under:
+                status.append("LB")
+        if self.fsd:
+            status.append("FSD")
+        return {
+            "ups.status": " ".join(status),
+            **found,
+            "device.mfr": "holdover",
+            "device.model": "holdover sentinel",
+            "device.type": "ups",
+            "ups.mfr": "holdover",
+            "ups.model": "holdover sentinel",
+            "ups.id": sid,
+        }
+
+    def write_all(self) -> None:
+        for sid in self.mains:
+            self.write(sid)
+
+    def write(self, sid: str) -> None:
+        found = self.variables(sid)
+        if found is None:
+            return
+        text = "".join(f"{k}: {v}\n" for k, v in found.items())
+        if self._written.get(sid) == text:
+            return
+        path = dev_path(self.s, sid)
+        try:
+            write_atomic(path, text, durable=False)  # tmpfs or not, a restart writes it again
+        except OSError as e:
+            if self._failed != str(e):
+                log.error("cannot write %s for NUT: %s", path, e.strerror or e)
+            self._failed = str(e)
+            return
+        self._failed = None
+        self._written[sid] = text
+        log.info("NUT %s%s: %s", self.s.prefix, sid, found["ups.status"])

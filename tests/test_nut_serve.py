@@ -1,0 +1,119 @@
+"""Every NUT client can follow the sentinel: NUT's own upsd and dummy-ups serve the files the bridge
+keeps, with the config `holdover nut-config` wrote, to a real upsmon secondary.
+
+A power cut on the emulated sentinel reaches the secondary's NOTIFYCMD as ONBATT, and the restore as
+ONLINE; the host UPS at low battery is LB to it, and holdover's final command is FSD, on which the
+secondary runs its SHUTDOWNCMD (a script that records).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from holdover.lab import nut
+from holdover.lab.broker import free_port
+from support import HOLDOVER, wait_for
+
+pytestmark = pytest.mark.skipif(not nut.available(), reason="needs Debian's nut-server (scripts/ensure-system-deps.sh)")
+
+HOST_ONLINE = {"ups.status": "OL", "battery.charge": "100", "battery.runtime": "900", "ups.load": "30"}
+
+
+def _upsc(port: int, var: str) -> str:
+    r = subprocess.run(["upsc", f"holdover-demo@127.0.0.1:{port}", var], capture_output=True, text=True, timeout=10)
+    return r.stdout.strip()
+
+
+def _upsmon(work: Path, monitor: str) -> subprocess.Popen[bytes]:
+    work.mkdir()
+    (work / "notify.sh").write_text(f'#!/bin/sh\necho "$NOTIFYTYPE" >> {work}/notified\n')
+    (work / "shutdown.sh").write_text(f"#!/bin/sh\necho shutdown >> {work}/shutdown\n")
+    for f in ("notify.sh", "shutdown.sh"):
+        (work / f).chmod(0o755)
+    flags = "".join(f"NOTIFYFLAG {k} EXEC\n" for k in ("ONLINE", "ONBATT", "LOWBATT", "FSD"))
+    conf = (
+        f'{monitor}\nMINSUPPLIES 1\nSHUTDOWNCMD "{work}/shutdown.sh"\nNOTIFYCMD {work}/notify.sh\n'
+        f"POLLFREQ 1\nPOLLFREQALERT 1\nHOSTSYNC 5\nDEADTIME 5\nFINALDELAY 0\n"
+        f"POWERDOWNFLAG {work}/killpower\n{flags}"
+    )
+    (work / "upsmon.conf").write_text(conf)
+    (work / "upsmon.conf").chmod(0o600)
+    env = {"NUT_CONFPATH": str(work), "NUT_STATEPATH": str(work), "NUT_ALTPIDPATH": str(work), "PATH": "/usr/bin:/bin"}
+    log = (work / "upsmon.log").open("wb")
+    return subprocess.Popen([str(nut.NUT_BIN / "upsmon"), "-F", "-u", "root"], env=env, stdout=log, stderr=log)
+
+
+def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(rig_factory, tmp_path: Path) -> None:
+    serve_port, flag = free_port(), tmp_path / "final-ran"
+    with nut.NutServer(tmp_path / "host-nut", {"hostups": HOST_ONLINE}) as host_ups:
+        rig = rig_factory(
+            protect={"registry": str(tmp_path / "reg"), "grace": 0, "final_command": f"touch {flag}"},
+            bridge_extra={
+                "ups": {"nut": f"hostups@127.0.0.1:{host_ups.port}", "poll_s": 0.2},
+                "nut_server": {
+                    "serve": True,
+                    "dir": str(tmp_path / "served"),
+                    "listen": "127.0.0.1",
+                    "port": serve_port,
+                    "clients": ["gpu2"],
+                },
+            },
+        )
+        rig.wait("boot", 15)
+        dev = tmp_path / "served" / "holdover-demo.dev"
+        wait_for(lambda: dev.exists() and "ups.status: OL\n" in dev.read_text(), 10, "the served file, on line")
+        assert "battery.runtime: 900\n" in dev.read_text()  # the host UPS's, not the sentinel's cell
+
+        # NUT's config as a user makes it, then NUT's own daemons serving it.
+        conf = tmp_path / "nut-conf"
+        r = subprocess.run(
+            [HOLDOVER, "nut-config", "-c", str(rig.dir / "holdover.toml"), "--out", str(conf), "--host", "127.0.0.1"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        monitor = next(line.strip() for line in r.stdout.splitlines() if line.strip().startswith("MONITOR "))
+        password = (conf / "gpu2.password").read_text().strip()
+        assert monitor == f"MONITOR holdover-demo@127.0.0.1:{serve_port} 1 gpu2 {password} secondary"
+        with nut.NutServer(tmp_path / "served-nut", {"holdover-demo": {}}, port=serve_port, confdir=conf):
+            assert _upsc(serve_port, "ups.status") == "OL"
+            assert _upsc(serve_port, "ups.id") == "demo"
+            assert _upsc(serve_port, "input.voltage") == ""  # not invented
+            mon = _upsmon(tmp_path / "upsmon", monitor)
+            notified = tmp_path / "upsmon" / "notified"
+            try:
+                time.sleep(2)  # upsmon's first poll sees OL: nothing to say
+                rig.control.send(mains=False)
+                wait_for(lambda: notified.exists() and "ONBATT" in notified.read_text(), 15, "ONBATT at upsmon")
+                assert _upsc(serve_port, "ups.status") == "OB DISCHRG"
+                rig.control.send(mains=True)
+                wait_for(lambda: "ONLINE" in notified.read_text(), 15, "ONLINE at upsmon")
+
+                # The host's UPS runs low while the power is out: LB, then the final command is FSD.
+                rig.control.send(mains=False)
+                host_ups.set("hostups", ups_status="OB DISCHRG LB", battery_charge="8", battery_runtime="50")
+                wait_for(flag.exists, 20, "holdover's final command")
+                shutdown = tmp_path / "upsmon" / "shutdown"
+                wait_for(shutdown.exists, 20, "the secondary's SHUTDOWNCMD, on FSD")
+                assert "FSD" in _upsc(serve_port, "ups.status").split()
+                said = notified.read_text().split()
+                assert said.index("ONBATT") < said.index("ONLINE") < said.index("FSD"), said
+            finally:
+                mon.terminate()
+                mon.wait(10)
+
+    # A re-run keeps the password the secondary already uses.
+    again = subprocess.run(
+        [HOLDOVER, "nut-config", "-c", str(rig.dir / "holdover.toml"), "--out", str(conf)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert again.returncode == 0 and "kept the passwords of gpu2" in again.stdout
+    assert (conf / "gpu2.password").read_text().strip() == password
+    assert oct((conf / "upsd.users").stat().st_mode & 0o777) == "0o600"
