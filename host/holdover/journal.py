@@ -192,6 +192,10 @@ class Event:
         }
 
 
+def _event(event_id: int, rx_ts: float, source: str, body: dict[str, Any]) -> Event:
+    return Event(event_id, rx_ts, source, *(body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data")))
+
+
 class Journal:
     """The journal; also usable as a context manager that closes the connection."""
 
@@ -219,13 +223,12 @@ class Journal:
     def _open(self, path: str) -> None:
         if self.readonly:
             # A reader (tests, status commands) never takes the write lock the bridge needs.
-            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
         else:
             if path != ":memory:":
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             # Used by one thread at a time (the bridge loop), but not always the one that opened it.
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db = db
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA busy_timeout=5000")
         # sqlite opens lazily: read the schema now, so a file that is not a journal is found here.
         self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -298,7 +301,7 @@ class Journal:
     def accept(self, source: str, body: dict[str, Any]) -> Event | None:
         """Record an accepted event; None if (sid, boot, seq) was already journaled."""
         rx = time.time()
-        e = Event(0, rx, source, *(body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data")))
+        e = _event(0, rx, source, body)
         try:
             cur = self.db.execute(
                 "INSERT INTO events (rx_ts, source, sid, boot, seq, kind, ms, ts, data) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -342,20 +345,18 @@ class Journal:
                 return self.accept(source, body), True
             except (sqlite3.Error, OSError) as e:
                 self.failed(f"journaling {body['kind']} from {body['sid']}", e)
-        if not hold:
-            self._unjournaled += 1
-            fields = (body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data"))
-            return Event(-self._unjournaled, time.time(), source, *fields), False
-        return self._hold(source, body), False
+        return (self._hold(source, body) if hold else self._unjournaled_event(source, body)), False
 
     def _hold(self, source: str, body: dict[str, Any]) -> Event:
         while len(self.held) >= HELD_MAX:
             self.held.popitem(last=False)
             self.dropped += 1
         self.held[(body["sid"], body["boot"], body["seq"])] = (source, body)
+        return self._unjournaled_event(source, body)
+
+    def _unjournaled_event(self, source: str, body: dict[str, Any]) -> Event:
         self._unjournaled += 1
-        fields = (body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data"))
-        return Event(-self._unjournaled, time.time(), source, *fields)
+        return _event(-self._unjournaled, time.time(), source, body)
 
     def failed(self, doing: str, e: BaseException) -> None:
         """A write that did not happen: the journal is broken until `recover()` succeeds."""
