@@ -10,9 +10,11 @@ _ENTITIES = (
     # component, object id, name, template on the state body's data, extra fields
     ("binary_sensor", "mains", "Mains", "'ON' if d.mains else 'OFF'", {"dev_cla": "power"}),
     ("binary_sensor", "uplink", "Uplink", "'OFF' if d.uplink == 'down' else 'ON'", {"dev_cla": "connectivity"}),
-    ("sensor", "battery_v", "Battery voltage", "d.battery_v", {"dev_cla": "voltage", "unit_of_meas": "V"}),
-    ("sensor", "battery_pct", "Battery", "d.battery_pct", {"dev_cla": "battery", "unit_of_meas": "%"}),
-    ("sensor", "runtime", "Runtime left", "d.runtime_s", {"dev_cla": "duration", "unit_of_meas": "s"}),
+    # The sentinel's own cell, named so (it keeps the ESP32 alive; the host's UPS is not it) and
+    # filed as the device's diagnostics, as Home Assistant files a sensor's battery.
+    ("sensor", "battery_v", "Sentinel battery voltage", "d.battery_v", {"dev_cla": "voltage", "unit_of_meas": "V"}),
+    ("sensor", "battery_pct", "Sentinel battery", "d.battery_pct", {"dev_cla": "battery", "unit_of_meas": "%"}),
+    ("sensor", "runtime", "Sentinel battery runtime", "d.runtime_s", {"dev_cla": "duration", "unit_of_meas": "s"}),
     ("switch", "relay", "Relay", "'ON' if d.relay else 'OFF'", {}),
 )
 
@@ -40,5 +42,8 @@ def messages(cfg, sid, board_name):
         if comp == "switch":
             # HA cannot sign; the bridge turns ON/OFF here into a signed command (docs/protocol.md).
             c["cmd_t"] = protocol.topic(sid, protocol.RELAY_SET)
+        if comp == "sensor":
+            c["stat_cla"] = "measurement"  # long-term statistics in Home Assistant
+            c["ent_cat"] = "diagnostic"
         c.update(extra)
         yield protocol.ha_config_topic(prefix, comp, sid, oid), json.dumps(c)

@@ -18,6 +18,14 @@ if [ "$for_what" != demo ]; then
   # NUT's own upsd and dummy-ups stand in for the host's UPS (tests start them on loopback).
   [ -x /lib/nut/upsd ] && [ -x /lib/nut/dummy-ups ] || need+=(nut-server)
   command -v upsc >/dev/null 2>&1 || need+=(nut-client)
+  # Debian's apcaccess reads the tests' stand-in for apcupsd's NIS, to prove its bytes are apcupsd's.
+  # Unpacked, not installed: the apcupsd package would enable a daemon hunting a USB UPS at boot.
+  apc="$(cd "$(dirname "$0")/.." && pwd)/.cache/apcupsd"
+  if ! command -v apcaccess >/dev/null 2>&1 && [ ! -x "$apc/sbin/apcaccess" ]; then
+    rm -rf "$apc" && mkdir -p "$apc/deb"
+    (cd "$apc/deb" && apt-get download -qq apcupsd >/dev/null 2>&1 || { apt-get update -qq && apt-get download -qq apcupsd; }) &&
+      dpkg-deb -x "$apc"/deb/apcupsd_*.deb "$apc/root" && ln -s root/sbin "$apc/sbin" && echo "unpacked: apcaccess"
+  fi
   # The dashboard test drives Debian's chromium through Playwright (no browser download).
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
 fi

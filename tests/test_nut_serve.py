@@ -28,25 +28,6 @@ def _upsc(port: int, var: str) -> str:
     return r.stdout.strip()
 
 
-def _upsmon(work: Path, monitor: str) -> subprocess.Popen[bytes]:
-    work.mkdir()
-    (work / "notify.sh").write_text(f'#!/bin/sh\necho "$NOTIFYTYPE" >> {work}/notified\n')
-    (work / "shutdown.sh").write_text(f"#!/bin/sh\necho shutdown >> {work}/shutdown\n")
-    for f in ("notify.sh", "shutdown.sh"):
-        (work / f).chmod(0o755)
-    flags = "".join(f"NOTIFYFLAG {k} EXEC\n" for k in ("ONLINE", "ONBATT", "LOWBATT", "FSD"))
-    conf = (
-        f'{monitor}\nMINSUPPLIES 1\nSHUTDOWNCMD "{work}/shutdown.sh"\nNOTIFYCMD {work}/notify.sh\n'
-        f"POLLFREQ 1\nPOLLFREQALERT 1\nHOSTSYNC 5\nDEADTIME 5\nFINALDELAY 0\n"
-        f"POWERDOWNFLAG {work}/killpower\n{flags}"
-    )
-    (work / "upsmon.conf").write_text(conf)
-    (work / "upsmon.conf").chmod(0o600)
-    env = {"NUT_CONFPATH": str(work), "NUT_STATEPATH": str(work), "NUT_ALTPIDPATH": str(work), "PATH": "/usr/bin:/bin"}
-    log = (work / "upsmon.log").open("wb")
-    return subprocess.Popen([str(nut.NUT_BIN / "upsmon"), "-F", "-u", "root"], env=env, stdout=log, stderr=log)
-
-
 def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(rig_factory, tmp_path: Path) -> None:
     serve_port, flag = free_port(), tmp_path / "final-ran"
     with nut.NutServer(tmp_path / "host-nut", {"hostups": HOST_ONLINE}) as host_ups:
@@ -84,28 +65,22 @@ def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(rig_facto
             assert _upsc(serve_port, "ups.status") == "OL"
             assert _upsc(serve_port, "ups.id") == "demo"
             assert _upsc(serve_port, "input.voltage") == ""  # not invented
-            mon = _upsmon(tmp_path / "upsmon", monitor)
-            notified = tmp_path / "upsmon" / "notified"
-            try:
+            with nut.Upsmon(tmp_path / "upsmon", monitor) as mon:
                 time.sleep(2)  # upsmon's first poll sees OL: nothing to say
                 rig.control.send(mains=False)
-                wait_for(lambda: notified.exists() and "ONBATT" in notified.read_text(), 15, "ONBATT at upsmon")
+                wait_for(lambda: "ONBATT" in [k for _t, k in mon.said()], 15, "ONBATT at upsmon")
                 assert _upsc(serve_port, "ups.status") == "OB DISCHRG"
                 rig.control.send(mains=True)
-                wait_for(lambda: "ONLINE" in notified.read_text(), 15, "ONLINE at upsmon")
+                wait_for(lambda: "ONLINE" in [k for _t, k in mon.said()], 15, "ONLINE at upsmon")
 
                 # The host's UPS runs low while the power is out: LB, then the final command is FSD.
                 rig.control.send(mains=False)
                 host_ups.set("hostups", ups_status="OB DISCHRG LB", battery_charge="8", battery_runtime="50")
                 wait_for(flag.exists, 20, "holdover's final command")
-                shutdown = tmp_path / "upsmon" / "shutdown"
-                wait_for(shutdown.exists, 20, "the secondary's SHUTDOWNCMD, on FSD")
+                wait_for(mon.shutdown.exists, 20, "the secondary's SHUTDOWNCMD, on FSD")
                 assert "FSD" in _upsc(serve_port, "ups.status").split()
-                said = notified.read_text().split()
+                said = [k for _t, k in mon.said()]
                 assert said.index("ONBATT") < said.index("ONLINE") < said.index("FSD"), said
-            finally:
-                mon.terminate()
-                mon.wait(10)
 
     # A re-run keeps the password the secondary already uses.
     again = subprocess.run(

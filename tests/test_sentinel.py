@@ -528,6 +528,10 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
             assert c["avty_t"] == protocol.topic(rig.sid, protocol.STATUS)
             assert c["stat_t"] == protocol.topic(rig.sid, protocol.STATE)
         assert got[f"homeassistant/binary_sensor/{node}/mains/config"]["dev_cla"] == "power"
+        # The sentinel's own cell is named as such, never as the host's UPS.
+        cell = got[f"homeassistant/sensor/{node}/battery_pct/config"]
+        assert (cell["name"], cell["ent_cat"], cell["stat_cla"]) == ("Sentinel battery", "diagnostic", "measurement")
+        assert got[f"homeassistant/sensor/{node}/runtime/config"]["name"] == "Sentinel battery runtime"
         assert got[f"homeassistant/switch/{node}/relay/config"]["cmd_t"] == protocol.topic(rig.sid, "relay/set")
     finally:
         lis.close()

@@ -10,6 +10,8 @@ not exist, a missing variable and a garbage answer are each named, and the bridg
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from holdover.node.rescue import Rescuer
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.node.ups import UpsReader, UpsWatch
 from holdover.settings import ProtectSettings, Settings, UpsSettings
-from support import wait_for
+from support import HOLDOVER, wait_for
 
 pytestmark = pytest.mark.skipif(not nut.available(), reason="needs Debian's nut-server (scripts/ensure-system-deps.sh)")
 
@@ -238,3 +240,58 @@ def test_a_sentinel_cut_the_ups_never_sees_is_a_disagreement(upsd: nut.NutServer
 
     asyncio.run(go())
     assert raised == [(events.POWER_DISAGREE, {"sentinel": "rack1", "ups": "hostups", "after_s": 0})]
+
+
+def test_status_reads_the_ups_now_and_names_what_is_wrong(upsd: nut.NutServer, tmp_path: Path) -> None:
+    cfg = tmp_path / "h.toml"
+    cfg.write_text(
+        f'[journal]\npath = "{tmp_path / "j.db"}"\n[ups]\nnut = "hostups@127.0.0.1:{upsd.port}"\n'
+        f'[protect]\nregistry = "{tmp_path / "reg"}"\n'
+    )
+    Journal(tmp_path / "j.db").close()
+
+    def status(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [HOLDOVER, "status", "-c", str(cfg), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+
+    upsd.set("hostups", ups_status="OB DISCHRG", battery_charge="90", battery_runtime="460", ups_load="30")
+    time.sleep(1.0)  # dummy-ups reads its file again within half a second
+    r = status("--json")
+    assert r.returncode == 0, r.stderr
+    u = json.loads(r.stdout)["ups"]
+    assert (u["name"], u["status"], u["on_battery"], u["runtime_s"], u["guess"]) == (
+        "hostups",
+        "DISCHRG OB",
+        True,
+        460,
+        False,
+    )
+    assert u["deadline_from"] == "UPS hostups: 460 s left"
+    r = status()
+    assert f"host UPS hostups (hostups@127.0.0.1:{upsd.port}): DISCHRG OB, 90 %, 460 s left, load 30 %" in r.stdout
+    upsd.stop_upsd()
+    r = status()
+    assert r.returncode == 0, r.stderr
+    assert f"host UPS hostups: UPS hostups@127.0.0.1:{upsd.port}: cannot reach upsd" in r.stdout
+    assert "an emergency's deadline: [protect] runtime_default 600 s, a guess (UPS hostups@" in r.stdout
+
+
+def test_changes_within_one_second_all_reach_nut(upsd: nut.NutServer) -> None:
+    # dummy-ups re-reads its file only when the mtime moves in whole seconds: a blip (OB, then OL
+    # within the second) once left every client at OB for good. write_dev moves the mtime on.
+    def served() -> str:
+        with NutClient("127.0.0.1", upsd.port) as c:
+            c.connect()
+            return c.list_vars("hostups")["ups.status"]
+
+    while time.time() % 1 > 0.05:  # at the start of a second, so that dummy-ups reads it within it
+        time.sleep(0.005)
+    upsd.set("hostups", ups_status="OB DISCHRG")
+    wait_for(lambda: served() == "OB DISCHRG", 3, "the cut")
+    upsd.set("hostups", ups_status="OL CHRG")  # most often within the same second as the cut
+    wait_for(lambda: served() == "OL CHRG", 3, "the blip's end, written within the second of its start")
+    path = upsd.dev("hostups")  # and whatever the timing: each write moves the whole-second mtime
+    upsd.set("hostups", ups_status="OB DISCHRG")
+    first = int(path.stat().st_mtime)
+    upsd.set("hostups", ups_status="OL")
+    assert int(path.stat().st_mtime) > first

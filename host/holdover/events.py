@@ -225,6 +225,16 @@ TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)
 
 
+def duration(s: float) -> str:
+    """A span as people say it: 42 s, 7 min 40 s, 11 h 46 min."""
+    s = int(s)
+    if s < 90:
+        return f"{s} s"
+    if s < 5400:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
 def kind(name: str) -> Kind:
     """The table's entry; a kind it does not know is reported, as information, under its own name."""
     return TABLE.get(name) or Kind(name, INFO, name.replace("_", " ") + " at {sid}", HOST)

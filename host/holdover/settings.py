@@ -286,6 +286,7 @@ class DongleSettings(_PasswordFromFile):
     cap_interval: float = Field(10.0, gt=0, le=3600, description="seconds between two counts")
 
 
+NIS_ADDRESS = re.compile(r"^(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:]+\])(?::(?P<port>\d{1,5}))?$")
 NUT_UPS = re.compile(r"^(?P<ups>[A-Za-z0-9_.-]+)@(?P<host>[A-Za-z0-9_.:-]+?)(?::(?P<port>\d{1,5}))?$")
 
 
@@ -293,6 +294,9 @@ class UpsSettings(_PasswordFromFile):
     """The host's UPS: what sets the emergency deadline (the sentinel's own cell never does)."""
 
     nut: str = Field("", description='a NUT server\'s UPS, upsc-style: "myups@127.0.0.1:3493" (port 3493 if left out)')
+    apcupsd: str = Field(
+        "", description='or apcupsd\'s network information server, as apcaccess takes it: "127.0.0.1:3551"'
+    )
     username: str = Field(
         "", description="a upsd.users user, sent on connecting (reading needs none; upsd asks only for commands)"
     )
@@ -317,9 +321,33 @@ class UpsSettings(_PasswordFromFile):
             raise ValueError(f"expected UPSNAME@HOST or UPSNAME@HOST:PORT, as upsc takes it; got {v!r}")
         return v
 
+    @field_validator("apcupsd")
+    @classmethod
+    def _nis_address(cls, v: str) -> str:
+        if v and not NIS_ADDRESS.match(v):
+            raise ValueError(f"expected HOST or HOST:PORT, as apcaccess -h takes it; got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpsSettings:
+        if self.nut and self.apcupsd:
+            raise ValueError("set one of nut and apcupsd: the host has one UPS to read (both name one)")
+        return self
+
     @property
     def enabled(self) -> bool:
-        return bool(self.nut or self.runtime_s)
+        return bool(self.nut or self.apcupsd or self.runtime_s)
+
+    @property
+    def source(self) -> str:
+        """Where the UPS is read, as a person would name it."""
+        return self.nut or (f"apcupsd at {self.apcupsd}" if self.apcupsd else "")
+
+    def nis_address(self) -> tuple[str, int]:
+        """(host, port) of `apcupsd`."""
+        m = NIS_ADDRESS.match(self.apcupsd)
+        assert m is not None
+        return m["host"].strip("[]"), int(m["port"] or 3551)
 
     def address(self) -> tuple[str, str, int]:
         """(ups name, host, port) of `nut`."""
@@ -330,6 +358,8 @@ class UpsSettings(_PasswordFromFile):
     @property
     def name(self) -> str:
         """How people are told of it: the UPS's own name in NUT, or "UPS" for a fixed runtime."""
+        if self.apcupsd:
+            return f"apcupsd@{self.nis_address()[0]}"
         return self.address()[0] if self.nut else "UPS"
 
 

@@ -67,15 +67,6 @@ class _Problem:
     now_kind: str = ""  # and its kind: the storm's end state
 
 
-def _duration(s: float) -> str:
-    s = int(s)
-    if s < 90:
-        return f"{s} s"
-    if s < 5400:
-        return f"{s // 60} min {s % 60} s"
-    return f"{s // 3600} h {s % 3600 // 60} min"
-
-
 def compose(event: Event, problem: _Problem | None = None, now: float | None = None) -> tuple[str, str, str]:
     """(severity, title, body) for an event, from the host's event table."""
     k = events.kind(event.kind)
@@ -92,11 +83,11 @@ def compose(event: Event, problem: _Problem | None = None, now: float | None = N
     if isinstance(runtime, int | float) and runtime >= 0:
         # Two batteries, never confused: the host's UPS (the deadline) and the sentinel's own cell.
         if event.data.get("ups"):
-            lines.append(f"UPS {event.data['ups']}: about {_duration(runtime)} left")
+            lines.append(f"UPS {event.data['ups']}: about {events.duration(runtime)} left")
         else:
-            lines.append(f"sentinel battery: about {_duration(runtime)} left (the sentinel's own cell)")
+            lines.append(f"sentinel battery: about {events.duration(runtime)} left (the sentinel's own cell)")
     if k.resolves and problem is not None and problem.opened is not None:
-        lines.append(f"closes: {problem.title} (after {_duration((now or time.time()) - problem.opened)})")
+        lines.append(f"closes: {problem.title} (after {events.duration((now or time.time()) - problem.opened)})")
     return k.severity, title, "\n".join(lines)
 
 
@@ -226,7 +217,7 @@ class Alerts:
     def _summary(self, sid: str, kind: str, p: _Problem, now: float, final: bool) -> None:
         assert p.flapping_since is not None
         # Over: the storm's span, first held change to last; going on: up to now.
-        window = _duration((p.changes[-1] if final else now) - p.flapping_since)
+        window = events.duration((p.changes[-1] if final else now) - p.flapping_since)
         what = kind.replace("_", " ")
         what = what[:1].upper() + what[1:]
         end = events.kind(p.now_kind)

@@ -39,6 +39,7 @@ def ups_conf(s: NutServerSettings, sids: list[str]) -> str:
             f"[{s.prefix}{sid}]",
             "  driver = dummy-ups",
             f"  port = {dev_path(s, sid)}",
+            "  pollinterval = 1",  # the file is read each second (NUT's default: 2)
             f'  desc = "holdover sentinel {sid}"',
         ]
     return "\n".join(out) + "\n"

@@ -4,8 +4,11 @@
 NUT serves it, not holdover: the bridge keeps one file per sentinel current in the `dummy-ups`
 format (`var: value` lines), replaced atomically so NUT never reads half of one, and NUT's own
 upsd serves it with its users, ACLs and protocol exactly as its clients expect
-(`holdover nut-config` writes ups.conf, upsd.conf and upsd.users for it). dummy-ups carried a
-change to a polling upsmon in about a second here (docs/nut.md), so nothing is written by hand.
+(`holdover nut-config` writes ups.conf, upsd.conf and upsd.users for it). dummy-ups, polling its
+file every second (`pollinterval = 1`), carried a change to a polling upsmon in about a second
+here (bench/nut.py), so nothing is written by hand. One trap: it re-reads the file only when its
+mtime changes in whole seconds, so a second write in the same second (a mains blip: OB, then OL)
+was never served; `write_dev` moves each write's mtime at least a second past the last.
 
 What a client sees, per sentinel:
 
@@ -20,6 +23,7 @@ What a client sees, per sentinel:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,17 @@ log = logging.getLogger("holdover.nut")
 
 def dev_path(s: NutServerSettings, sid: str) -> Path:
     return s.dir / f"{s.prefix}{sid}.dev"
+
+
+def write_dev(path: Path, text: str) -> None:
+    """Replace a dummy-ups file so that dummy-ups sees it changed, however soon after the last."""
+    try:
+        before = int(path.stat().st_mtime)
+    except OSError:
+        before = None
+    write_atomic(path, text, durable=False)  # tmpfs or not, a restart writes it again
+    if before is not None and int(path.stat().st_mtime) <= before:
+        os.utime(path, (before + 1, before + 1))
 
 
 class NutServe(Polling):
@@ -129,7 +144,7 @@ class NutServe(Polling):
             return
         path = dev_path(self.s, sid)
         try:
-            write_atomic(path, text, durable=False)  # tmpfs or not, a restart writes it again
+            write_dev(path, text)
         except OSError as e:
             if self._failed != str(e):
                 log.error("cannot write %s for NUT: %s", path, e.strerror or e)

@@ -170,18 +170,33 @@ def status(
     config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Sentinels, protected runs and uplinks at a glance, from the journal: works while the bridge is down."""
+    """The host's UPS, sentinels, protected runs and uplinks at a glance: the UPS read now, the rest
+    from the journal (works while the bridge is down)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    from holdover.events import duration
     from holdover.journal import Journal
     from holdover.node import launch
+    from holdover.node.nut_client import NutError
+    from holdover.node.ups import UpsReader
     from holdover.web import snapshot
 
     cfg = settings_mod.load(config)
     journal_exists(cfg)
+    reading, problem = None, None
+    if cfg.ups.enabled:
+        reader = UpsReader(cfg.ups)  # read as upsc would: one bounded read, the bridge need not run
+        try:
+            reading = reader.read()
+        except NutError as e:
+            problem = str(e)
+        finally:
+            reader.close()
     with Journal(cfg.journal.path, readonly=True) as j:
         st = {
+            "ups": snapshot.ups(cfg, reading, problem),
             "sentinels": snapshot.sentinels(j, [s.id for s in cfg.sentinels]),
             "runs": launch.recover(cfg.protect.registry),
             "uplinks": snapshot.uplinks(j),
@@ -191,20 +206,31 @@ def status(
         typer.echo(json.dumps(st, indent=2, default=str))
         return
     out = Console()
+    u = st["ups"]
+    if problem:
+        out.print(f"host UPS {escape(u['name'])}: [red]{escape(problem)}[/red]")
+    elif reading is not None and not reading.fixed:
+        colour = "red" if u["on_battery"] else "green"
+        out.print(f"host UPS {escape(u['name'])} ({escape(u['source'])}): [{colour}]{escape(reading.describe())}[/]")
+    elif not u["configured"]:
+        out.print("host UPS: [yellow]none configured[/yellow] ([ups] nut or apcupsd)")
+    guess = "[yellow]" if u["guess"] else ""
+    out.print(f"an emergency's deadline: {guess}{escape(u['deadline_from'])}{'[/yellow]' if guess else ''}")
     t = Table(title="sentinels")
-    for col in ("sentinel", "status", "mains", "battery", "runtime", "uplink", "relay", "last event"):
+    for col in ("sentinel", "status", "mains", "own battery", "uplink", "relay", "last event"):
         t.add_column(col)
     for s in st["sentinels"]:
-        pct = f"{s['battery_pct']:.0f} %" if isinstance(s["battery_pct"], int | float) else "-"
-        rt = f"{s['runtime_s'] // 60} min" if isinstance(s["runtime_s"], int) else "-"
+        # The sentinel's own cell: how long it keeps watching, never the host's time (that is the UPS).
+        cell = [f"{s['battery_pct']:.0f} %"] if isinstance(s["battery_pct"], int | float) else []
+        if isinstance(s["runtime_s"], int | float):
+            cell.append(f"about {duration(s['runtime_s'])}")
         mains = {True: "on", False: "[red]LOST[/red]", None: "-"}[s["mains"]]
         last = s["last_event"]
         t.add_row(
             s["sid"],
             s["status"] or "never heard",
             mains,
-            pct,
-            rt,
+            ", ".join(cell) or "-",
             s["uplink"] or "-",
             {True: "on", False: "off", None: "-"}[s["relay"]],
             f"{last['kind']} ({last['age_s']:.0f} s ago)" if last else "-",

@@ -10,6 +10,7 @@ atomically, so upsd never serves half of one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from holdover.files import write_atomic
+from holdover.bridge.nut_serve import write_dev
 from holdover.lab.broker import free_port
 from holdover.node.nut_client import NutClient, NutError
 
@@ -60,7 +61,7 @@ class NutServer:
     def _write_configs(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "nut.conf").write_text("MODE=netserver\n")
-        section = '[{}]\n  driver = dummy-ups\n  port = {}\n  desc = "holdover lab"\n'
+        section = '[{}]\n  driver = dummy-ups\n  port = {}\n  pollinterval = 1\n  desc = "holdover lab"\n'
         ups_conf = "".join(section.format(name, self.dev(name)) for name in self.upses)
         (self.dir / "ups.conf").write_text(ups_conf)
         (self.dir / "upsd.conf").write_text(f"LISTEN 127.0.0.1 {self.port}\n")
@@ -75,7 +76,7 @@ class NutServer:
         """Replace the UPS's variables (`ups.status="OB DISCHRG"`, ...): NUT serves them within a second."""
         self.upses[ups] = {k.replace("_", "."): str(v) for k, v in found.items()}
         lines = "".join(f"{k}: {v}\n" for k, v in self.upses[ups].items())
-        write_atomic(self.dev(ups), lines.encode(), durable=False)
+        write_dev(self.dev(ups), lines)
 
     def start(self, timeout: float = 15.0) -> NutServer:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -124,6 +125,78 @@ class NutServer:
         shutil.rmtree(self.state, ignore_errors=True)
 
     def __enter__(self) -> NutServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Upsmon:
+    """NUT's own upsmon as a secondary, as every other machine in a lab runs it: polling each second
+    (POLLFREQ 1, its fastest), its NOTIFYCMD writing `<epoch seconds> <NOTIFYTYPE>` per line to
+    `notified`, its SHUTDOWNCMD touching `shutdown`. Nothing is shut down here."""
+
+    def __init__(self, workdir: Path, monitor: str) -> None:
+        self.dir = Path(workdir)
+        self.monitor = monitor  # MONITOR ups@host:port 1 user password secondary
+        self.notified = self.dir / "notified"
+        self.shutdown = self.dir / "shutdown"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Upsmon:
+        w = self.dir
+        w.mkdir(parents=True, exist_ok=True)
+        (w / "notify.sh").write_text(f'#!/bin/bash\necho "$EPOCHREALTIME $NOTIFYTYPE" >> {self.notified}\n')
+        (w / "shutdown.sh").write_text(f"#!/bin/sh\necho shutdown >> {self.shutdown}\n")
+        for f in ("notify.sh", "shutdown.sh"):
+            (w / f).chmod(0o755)
+        flags = "".join(f"NOTIFYFLAG {k} EXEC\n" for k in ("ONLINE", "ONBATT", "LOWBATT", "FSD"))
+        conf = (
+            f'{self.monitor}\nMINSUPPLIES 1\nSHUTDOWNCMD "{w}/shutdown.sh"\nNOTIFYCMD {w}/notify.sh\n'
+            f"POLLFREQ 1\nPOLLFREQALERT 1\nHOSTSYNC 5\nDEADTIME 5\nFINALDELAY 0\n"
+            f"POWERDOWNFLAG {w}/killpower\n{flags}"
+        )
+        (w / "upsmon.conf").write_text(conf)
+        (w / "upsmon.conf").chmod(0o600)
+        env = {"NUT_CONFPATH": str(w), "NUT_STATEPATH": str(w), "NUT_ALTPIDPATH": str(w), "PATH": "/usr/bin:/bin"}
+        log = (w / "upsmon.log").open("ab")
+        # upsmon keeps its pid in /run/nut whatever the environment says (NUT_ALTPIDPATH is for the
+        # drivers and upsd), and a second one refuses to run ("a previous upsmon instance is
+        # already running"): each gets a /run/nut of its own, a machine of its own as far as it knows.
+        run = f"mount --bind {w} /run/nut && exec {NUT_BIN / 'upsmon'} -F -u root"
+        self.proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", run],
+            env=env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        return self
+
+    def said(self) -> list[tuple[float, str]]:
+        """Every notification so far: (when, ONBATT / ONLINE / LOWBATT / FSD)."""
+        if not self.notified.exists():
+            return []
+        out = []
+        for line in self.notified.read_text().splitlines():
+            when, _, kind = line.partition(" ")
+            out.append((float(when), kind))
+        return out
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        # upsmon is two processes (a privileged parent, an unprivileged child): end both.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def __enter__(self) -> Upsmon:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

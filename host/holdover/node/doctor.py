@@ -149,17 +149,19 @@ class Doctor:
         if not u.enabled:
             why = f"no [ups]: an emergency's deadline is [protect] runtime_default ({default:.0f} s), a guess"
             return Check(name, FAIL, why, '[ups] nut = "myups@127.0.0.1:3493" (upsc -l 127.0.0.1 lists the names)')
-        if not u.nut:
+        if not u.source:
             why = f"[ups] runtime_s = {u.runtime_s:.0f} s: a fixed guess, not read from the UPS"
-            return Check(name, WARN, why, "read the UPS through NUT: [ups] nut")
+            return Check(name, WARN, why, "read the UPS through NUT: [ups] nut (or apcupsd)")
         try:
             self._ups = UpsReader(u).read()
         except NutError as e:
+            if u.apcupsd:
+                return Check(name, FAIL, str(e), f"is apcupsd running with NETSERVER on? (apcaccess -h {u.apcupsd})")
             return Check(name, FAIL, str(e), "is upsd running, and the UPS's name right? (upsc -l HOST)")
         if self._ups.runtime_s is None:
-            why = f"{u.nut}: {self._ups.describe()}: the deadline falls back to runtime_default, a guess"
+            why = f"{u.source}: {self._ups.describe()}: the deadline falls back to runtime_default, a guess"
             return Check(name, WARN, why, "set [ups] runtime_s to the UPS's runtime at your load")
-        return Check(name, PASS, f"{u.nut}: {self._ups.describe()}")
+        return Check(name, PASS, f"{u.source}: {self._ups.describe()}")
 
     def _runtime(self) -> tuple[float, str]:
         if self._ups is not None and self._ups.runtime_s is not None:

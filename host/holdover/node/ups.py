@@ -4,7 +4,8 @@ The emergency deadline is how long the *host's* UPS lasts, not the sentinel's 18
 an ESP32 alive for a day and says nothing of a GPU box's 8 minutes). `[ups] nut` names a UPS on a
 NUT server, read every `poll_s` on a worker thread (node/nut_client.py, every read bounded in
 time), so the bridge's loop never waits on upsd. Its status words become host events, as NUT's
-upsmon turns them into ONBATT / ONLINE / LOWBATT:
+upsmon turns them into ONBATT / ONLINE / LOWBATT (`[ups] apcupsd` reads apcupsd's NIS instead,
+node/apcupsd.py, its words put in NUT's):
 
     OL -> OB            ups_on_battery   (starts the rescue, after the grace, with its runtime)
     OB -> OL            ups_online       (ends the grace; closes the alert)
@@ -29,6 +30,7 @@ from holdover import events
 from holdover.events import Polling
 from holdover.firmware import protocol
 from holdover.journal import Event
+from holdover.node import apcupsd
 from holdover.node.nut_client import NutClient, NutError
 from holdover.settings import UpsSettings
 
@@ -101,6 +103,9 @@ class UpsReader:
         self._client: NutClient | None = None
 
     def read(self) -> UpsReading:
+        if self.s.apcupsd:
+            host, port = self.s.nis_address()
+            return reading(apcupsd.read(host, port, self.s.timeout_s), self.s.runtime_s)
         if not self.s.nut:
             return UpsReading(frozenset(), None, self.s.runtime_s, None, time.time(), fixed=True)
         ups, host, port = self.s.address()

@@ -13,6 +13,8 @@ from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.node.rescue_ledger import RescueLedger
+from holdover.node.ups import UpsReading
+from holdover.settings import Settings
 
 
 def sentinels(journal: Journal, configured: list[str]) -> list[dict[str, Any]]:
@@ -90,3 +92,34 @@ def checkpoints(journal: Journal, limit: int = 50) -> list[dict[str, Any]]:
         if len(out) >= limit:
             break
     return out
+
+
+def ups(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, Any]:
+    """The host's UPS (the rescue's clock) as last read, and what an emergency's deadline would be
+    taken from now: its runtime, or `runtime_default`, named as the guess it is."""
+    u, default = cfg.ups, cfg.protect.runtime_default
+    known = r is not None and problem is None and r.runtime_s is not None
+    if known:
+        assert r is not None and r.runtime_s is not None
+        deadline = (
+            f"[ups] runtime_s {r.runtime_s:.0f} s, a guess" if r.fixed else f"UPS {u.name}: {r.runtime_s:.0f} s left"
+        )
+    else:
+        why = problem or ("no [ups]" if not u.enabled else f"UPS {u.name} reports no battery.runtime")
+        deadline = f"[protect] runtime_default {default:.0f} s, a guess ({why})"
+    live = r is not None and not r.fixed and problem is None
+    return {
+        "configured": u.enabled,
+        "name": u.name if u.enabled else None,
+        "source": u.source or ("[ups] runtime_s" if u.runtime_s else None),
+        "status": " ".join(sorted(r.status)) if live and r else None,
+        "on_battery": r.on_battery if live and r else None,
+        "low": r.low(u.low_runtime_s) if live and r else None,
+        "charge": r.charge if live and r else None,
+        "runtime_s": round(r.runtime_s) if r is not None and r.runtime_s is not None and problem is None else None,
+        "load": r.load if live and r else None,
+        "read_age_s": _age(r.at) if r is not None else None,
+        "problem": problem,
+        "deadline_from": deadline,
+        "guess": not known or bool(r and r.fixed),
+    }
