@@ -18,14 +18,18 @@ if [ "$for_what" != demo ]; then
   # NUT's own upsd and dummy-ups stand in for the host's UPS (tests start them on loopback).
   [ -x /lib/nut/upsd ] && [ -x /lib/nut/dummy-ups ] || need+=(nut-server)
   command -v upsc >/dev/null 2>&1 || need+=(nut-client)
-  # Debian's apcaccess reads the tests' stand-in for apcupsd's NIS, to prove its bytes are apcupsd's.
-  # Unpacked, not installed: the apcupsd package would enable a daemon hunting a USB UPS at boot.
-  apc="$(cd "$(dirname "$0")/.." && pwd)/.cache/apcupsd"
-  if ! command -v apcaccess >/dev/null 2>&1 && [ ! -x "$apc/sbin/apcaccess" ]; then
-    rm -rf "$apc" && mkdir -p "$apc/deb"
-    (cd "$apc/deb" && apt-get download -qq apcupsd >/dev/null 2>&1 || { apt-get update -qq && apt-get download -qq apcupsd; }) &&
-      dpkg-deb -x "$apc"/deb/apcupsd_*.deb "$apc/root" && ln -s root/sbin "$apc/sbin" && echo "unpacked: apcaccess"
-  fi
+  # Tools the tests run from Debian packages that are unpacked, not installed, into .cache/PKG: the
+  # packages would enable daemons (apcupsd hunting a USB UPS at boot, a Prometheus server).
+  # apcaccess reads the tests' stand-in for apcupsd's NIS; promtool checks /metrics.
+  cache="$(cd "$(dirname "$0")/.." && pwd)/.cache"
+  for pair in apcupsd:sbin/apcaccess prometheus:usr/bin/promtool; do
+    pkg=${pair%%:*} tool=${pair#*:}
+    command -v "$(basename "$tool")" >/dev/null 2>&1 && continue
+    [ -x "$cache/$pkg/root/$tool" ] && continue
+    rm -rf "${cache:?}/$pkg" && mkdir -p "$cache/$pkg/deb"
+    (cd "$cache/$pkg/deb" && { apt-get download -qq "$pkg" >/dev/null 2>&1 || { apt-get update -qq && apt-get download -qq "$pkg"; }; }) &&
+      dpkg-deb -x "$cache/$pkg"/deb/"$pkg"_*.deb "$cache/$pkg/root" && echo "unpacked: $(basename "$tool")"
+  done
   # The dashboard test drives Debian's chromium through Playwright (no browser download).
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
 fi

@@ -27,7 +27,7 @@ from holdover.settings import ConfigError, Settings, UpsSettings, load
 from support import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-APCACCESS = shutil.which("apcaccess") or str(ROOT / ".cache/apcupsd/sbin/apcaccess")
+APCACCESS = shutil.which("apcaccess") or str(ROOT / ".cache/apcupsd/root/sbin/apcaccess")
 
 
 @pytest.fixture

@@ -124,3 +124,12 @@ def test_recover_tells_finished_failed_and_killed_apart_and_resumes_only_the_unf
     with pytest.raises(LaunchError, match="running"):
         forget("crashed", reg)
     assert forget("done", reg) and "done" not in {r["name"] for r in recover(reg, everything=True)}
+
+
+def test_a_run_started_without_holdover_launch_is_running_not_orphaned(tmp_path: Path, private_tmux) -> None:
+    # sbatch, a plain shell, the demo: no tmux session was ever there to lose.
+    reg = tmp_path / "reg"
+    me = registry.Registration("plain", os.getpid(), "", str(tmp_path / "ckpt"), 12, [], "/", 0.0)
+    registry.write_registration(reg, me)
+    [run] = [r for r in recover(reg) if r["name"] == "plain"]
+    assert (run["state"], run["how"]) == ("running", "")

@@ -25,6 +25,18 @@ from holdover.web.server import make_server
 from support import HOLDOVER, wait_for
 
 TOKEN = "0f3b8c1d9e2a4b5c6d7e8f90a1b2c3d4"
+ROOT = Path(__file__).resolve().parents[1]
+# Debian's promtool, unpacked by scripts/ensure-system-deps.sh (the package would start a server).
+PROMTOOL = shutil.which("promtool") or str(ROOT / ".cache/prometheus/root/usr/bin/promtool")
+
+
+def promtool_check(text: str) -> None:
+    """What Prometheus's own linter says of an exposition: nothing, or the test fails with it."""
+    assert Path(PROMTOOL).exists(), "scripts/ensure-system-deps.sh unpacks Debian's promtool"
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
+
+
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
@@ -51,7 +63,7 @@ def serving(rig, settings: WebSettings | None = None):
 def api(rig_factory):
     """A rig (broker, bridge, emulated sentinel) with the API served on the bridge's loop."""
     rig = rig_factory()
-    rig.wait("boot", 15)
+    rig.wait("boot", 30)  # the emulator starts slower while the suite's other worker runs Chromium
     with serving(rig) as client:
         yield rig, client
 
@@ -103,6 +115,7 @@ def test_the_api_shows_a_power_cut_live_within_2s(api) -> None:
     assert 'holdover_sentinel_online{sentinel="demo"} 1.0' in metrics
     assert 'holdover_mains_present{sentinel="demo"} 0.0' in metrics
     assert 'holdover_events_total{kind="mains_lost",sentinel="demo"} 1.0' in metrics
+    promtool_check(metrics)
     assert client.get("/api/failover").json()["configured"] is False
     assert client.get("/api/runs").status_code == 200 and client.get("/api/checkpoints").json() == []
 
@@ -328,6 +341,10 @@ def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) ->
             rtts = [r for _t, _v, r in points if r is not None]
             assert len(volts) >= 4 and all(3.0 < v < 4.5 for v in volts), points  # a 1S Li-ion's range
             assert len(rtts) >= 4 and all(0 <= r < 500 for r in rtts), points
+            metrics = client.get("/metrics").text
+            assert 'holdover_probe_rtt_seconds{sentinel="demo",target="tcp 127.0.0.1:' in metrics
+            assert 'holdover_battery_percent{sentinel="demo"}' in metrics
+            promtool_check(metrics)
             with sync_playwright() as p:
                 browser = _browser(p)
                 try:
@@ -382,10 +399,17 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
                         assert "ON BATTERY" in text and "91 %" in text and "7 min 30 s left" in text, text
                         assert "an emergency's deadline: UPS apcupsd@127.0.0.1: 450 s left" in text, text
                         page.screenshot(path=str(ARTIFACTS / "dashboard-host-ups.png"), full_page=True)
+                        metrics = client.get("/metrics").text
+                        assert 'holdover_ups_on_battery{ups="apcupsd@127.0.0.1"} 1.0' in metrics
+                        assert 'holdover_ups_runtime_seconds{ups="apcupsd@127.0.0.1"} 450.0' in metrics
+                        promtool_check(metrics)
                         nis.close()  # apcupsd gone: named, and the deadline a guess
                         page.wait_for_selector('#ups [data-k="deadline"].warn', timeout=10000)
                         text = page.locator("#ups").inner_text()
                         assert "cannot reach apcupsd at 127.0.0.1" in text and "runtime_default 600 s, a guess" in text
+                        metrics = client.get("/metrics").text
+                        assert 'holdover_ups_readable{ups="apcupsd@127.0.0.1"} 0.0' in metrics
+                        assert "holdover_ups_runtime_seconds" not in metrics  # not read: not a number
                     finally:
                         browser.close()
         finally:

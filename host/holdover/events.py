@@ -225,6 +225,11 @@ TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)
 
 
+# Routine: the sentinel saying it is alive every 30 s. Journaled (presence is judged by them) but
+# folded into a count where people read events, or an outage scrolls away in minutes.
+ROUTINE = frozenset({protocol.HEARTBEAT})
+
+
 def duration(s: float) -> str:
     """A span as people say it: 42 s, 7 min 40 s, 11 h 46 min."""
     s = int(s)

@@ -31,7 +31,7 @@ import re
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -491,19 +491,39 @@ class Journal:
         limit: int = 100,
         before: int | None = None,
         after: int | None = None,
+        exclude: Collection[str] = (),
+        kinds: Collection[str] = (),
+        since: float | None = None,
     ) -> list[Event]:
-        """Newest first; `before`/`after` page by id."""
+        """Newest first; `before`/`after` page by id; `exclude`: kinds left out; `kinds`: only
+        these; `since`: only those received at or after it (epoch s)."""
         q, args = "SELECT id, rx_ts, source, sid, boot, seq, kind, ms, ts, data FROM events WHERE 1=1", []
         if sid:
             q, args = q + " AND sid=?", [*args, sid]
         if kind:
             q, args = q + " AND kind=?", [*args, kind]
+        if exclude:
+            q, args = q + f" AND kind NOT IN ({','.join('?' * len(exclude))})", [*args, *exclude]
+        if kinds:
+            q, args = q + f" AND kind IN ({','.join('?' * len(kinds))})", [*args, *kinds]
+        if since is not None:
+            q, args = q + " AND rx_ts >= ?", [*args, since]
         if before is not None:
             q, args = q + " AND id<?", [*args, before]
         if after is not None:
             q, args = q + " AND id>?", [*args, after]
         rows = self.db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [Event(*r[:9], json.loads(r[9])) for r in rows]
+
+    def count(self, kinds: Collection[str], sid: str | None = None, from_id: int = 0, to_id: int | None = None) -> int:
+        """How many events of these kinds there are with ids in [from_id, to_id)."""
+        q = f"SELECT COUNT(*) FROM events WHERE kind IN ({','.join('?' * len(kinds))}) AND id >= ?"
+        args: list[Any] = [*kinds, from_id]
+        if to_id is not None:
+            q, args = q + " AND id < ?", [*args, to_id]
+        if sid:
+            q, args = q + " AND sid=?", [*args, sid]
+        return int(self.db.execute(q, args).fetchone()[0])
 
     def rejections(self, reason: str | None = None) -> list[dict[str, Any]]:
         q, args = "SELECT rx_ts, source, topic, reason, detail FROM rejections", ()

@@ -251,12 +251,54 @@ def status(
 
 
 @app.command(rich_help_panel=RUN)
+def outages(
+    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    limit: int = typer.Option(20, help="How many, newest first."),
+    days: float = typer.Option(365.0, help="Only outages that began in the last this many days."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Every power and uplink outage: when, how long, who saw it, which runs were saved at which step."""
+    import time
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from holdover.events import duration
+    from holdover.journal import Journal
+    from holdover.web import outages as outages_mod
+
+    cfg = settings_mod.load(config)
+    journal_exists(cfg)
+    with Journal(cfg.journal.path, readonly=True) as j:
+        found = outages_mod.history(j, limit, since=time.time() - days * 86400)
+    if as_json:
+        typer.echo(json.dumps(found, indent=2, default=str))
+        return
+    if not found:
+        typer.echo(f"no outage in the last {days:g} days")
+        return
+    t = Table(title="outages, newest first")
+    for col in ("began", "lasted", "what", "saved", "not saved"):
+        t.add_column(col)
+    for o in found:
+        began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(o["start"]))
+        lasted = f"[red]{duration(o['length_s'])} so far[/red]" if o["open"] else duration(o["length_s"])
+        saved = [f"{s['run']} @ step {s['step']} ({s['seconds'] or 0:.1f} s)" for s in o["saved"]]
+        saved += [f"{r['run']} (gcore)" for r in o["rescued"]]
+        lost = [r["run"] for r in o["lost"]]
+        t.add_row(began, lasted, escape(o["what"]), escape(", ".join(saved) or "-"), escape(", ".join(lost) or "-"))
+    Console().print(t)
+
+
+@app.command(rich_help_panel=RUN)
 def events(
     config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
     kind: str | None = typer.Option(None, help="Only this kind (mains_lost, failover, ...)."),
     sentinel: str | None = typer.Option(None, help="Only this sentinel ('node': this machine)."),
     limit: int = typer.Option(50, help="How many, newest last."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events as they are journaled."),
+    routine: bool = typer.Option(False, "--routine", help="Also heartbeats (otherwise counted at the end)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
 ) -> None:
     """The event journal, read directly: works while the bridge is down."""
@@ -284,14 +326,19 @@ def events(
             typer.echo(f"{when}  {k.severity:8}  {e.sid:12}  {e.kind:20}  {text}")
 
     with Journal(cfg.journal.path, readonly=True) as j:
-        rows = list(reversed(j.events(sid=sentinel, kind=kind, limit=limit)))
+        exclude = () if routine or kind else tuple(kinds.ROUTINE)
+        rows = list(reversed(j.events(sid=sentinel, kind=kind, limit=limit, exclude=exclude)))
         for e in rows:
             show(e)
+        if exclude and not as_json:
+            n = j.count(exclude, sentinel, rows[0].id if len(rows) == limit else 0)
+            if n:
+                typer.echo(f"({n} heartbeats in that span not listed: --routine lists them)", err=True)
         last = rows[-1].id if rows else 0
         try:
             while follow:
                 time.sleep(0.5)
-                for e in reversed(j.events(sid=sentinel, kind=kind, limit=1000, after=last)):
+                for e in reversed(j.events(sid=sentinel, kind=kind, limit=1000, after=last, exclude=exclude)):
                     show(e)
                     last = e.id
         except KeyboardInterrupt:

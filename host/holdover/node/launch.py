@@ -278,8 +278,10 @@ def recover(registry_dir: Path | None = None, everything: bool = False) -> list[
         pid = run.get("pid")
         alive = bool(pid) and registry.pid_alive(int(pid))
         if alive:
-            in_tmux = bool(run.get("session")) and run["session"] in live_sessions
-            run["state"], run["how"] = ("running", "") if in_tmux else ("orphaned", "alive, its tmux session gone")
+            # Orphaned only when it had a tmux session (holdover launch) and lost it; a run started
+            # some other way (sbatch, a plain shell, the demo) and alive is simply running.
+            lost_tmux = bool(run.get("session")) and run["session"] not in live_sessions
+            run["state"], run["how"] = ("orphaned", "alive, its tmux session gone") if lost_tmux else ("running", "")
         else:
             live = run.get("session") if run.get("session") in live_sessions else None
             run["state"], run["how"], ended = _ending(run["name"], live)

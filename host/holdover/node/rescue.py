@@ -80,6 +80,10 @@ class Rescuer:
         self._deadline: dict[int, float] = {}
         self._critical: dict[int, bool] = {}
         self._outage = False  # a power loss's rescue opened, and no source has said power is back
+        self.grace_until: float | None = None  # epoch s: when the grace ends and saving starts
+        # What each run last reported of its save (state, bytes_done, bytes_total), for the banner:
+        # the ledger keeps changes of state only, not every progress report.
+        self.live: dict[str, dict[str, Any]] = {}
 
     # --- events in ----------------------------------------------------------------------------------
 
@@ -90,6 +94,7 @@ class Rescuer:
             self._outage = False
             if self._grace and not self._grace.done():
                 self._grace.cancel()
+                self.grace_until = None
                 log.info("power back within the %.0fs grace (%s): no emergency checkpoint", self.s.grace, event.kind)
             return
         if event.kind not in events.RESCUE_TRIGGERS:
@@ -115,6 +120,7 @@ class Rescuer:
             return  # the other source's word on the same cut, after the rescue ended: one rescue a cut
         if event.kind in GRACE_KINDS and self.s.grace > 0:
             if not (self._grace and not self._grace.done()):
+                self.grace_until = time.time() + self.s.grace
                 self._grace = asyncio.get_running_loop().create_task(self._after_grace(event))
             return  # a second source's word within the grace: the same cut, one rescue
         if self._grace and not self._grace.done():
@@ -135,6 +141,7 @@ class Rescuer:
 
     async def _after_grace(self, event: Event) -> None:
         await asyncio.sleep(self.s.grace)
+        self.grace_until = None
         # The runtime now, not at the cut: the grace has used some of it.
         deadline, why = self.deadline_for(event)
         self._open(event, deadline, why, False)
@@ -155,6 +162,8 @@ class Rescuer:
         self._start(rid, deadline, critical)
 
     def _start(self, rid: int, deadline: float, critical: bool) -> None:
+        if not self._active:
+            self.live = {}
         self._deadline[rid] = deadline
         self._critical[rid] = critical
         task = asyncio.get_running_loop().create_task(self._rescue(rid))
@@ -187,6 +196,16 @@ class Rescuer:
             self._start(r["id"], r["deadline"], bool(r["critical"]))
             n += 1
         return n
+
+    def view(self) -> dict[str, Any]:
+        """What the rescue is doing now: the grace's end, the rescues running, each run's save."""
+        return {
+            "grace_until": self.grace_until if self._grace and not self._grace.done() else None,
+            "active": [
+                {"id": rid, "deadline": self._deadline[rid], "critical": self._critical[rid]} for rid in self._active
+            ],
+            "live": {k: dict(v) for k, v in self.live.items()},
+        }
 
     async def wait_idle(self) -> None:
         while self._active or (self._grace and not self._grace.done()):
@@ -342,6 +361,7 @@ class Rescuer:
                     continue
                 last_progress = time.monotonic()
                 new = msg.get("state", state)
+                self.live[t.key] = {"name": t.name, **msg, "state": new, "at": time.time()}
                 if new != state:
                     self.ledger.step(rid, t.key, t.pid, new, **{k: v for k, v in msg.items() if k != "state"})
                     state = new

@@ -19,7 +19,19 @@ import holdover
 from holdover.bridge.service import Bridge
 from holdover.settings import WebSettings
 from holdover.web.feed import Feed
-from holdover.web.routes import actions, checkpoints, events, failover, health, metrics, page, runs, sentinels, ups
+from holdover.web.routes import (
+    actions,
+    checkpoints,
+    events,
+    failover,
+    health,
+    metrics,
+    outages,
+    page,
+    runs,
+    sentinels,
+    ups,
+)
 
 
 def build(bridge: Bridge, settings: WebSettings) -> FastAPI:
@@ -32,7 +44,7 @@ def build(bridge: Bridge, settings: WebSettings) -> FastAPI:
     app.state.settings = settings
     app.state.feed = Feed()
     bridge.reactions.append(app.state.feed)
-    for module in (sentinels, ups, runs, checkpoints, failover, events, actions, health, metrics, page):
+    for module in (outages, sentinels, ups, runs, checkpoints, failover, events, actions, health, metrics, page):
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, _invalid)
     return app

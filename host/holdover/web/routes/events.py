@@ -42,11 +42,23 @@ async def list_events(
     # SQLite's INTEGER is 64-bit: a larger id is a 422, not an OverflowError.
     before: int | None = Query(None, ge=1, le=2**63 - 1, description="page: events with an id below this"),
     limit: int = Query(100, ge=1, le=1000),
+    routine: bool = Query(False, description="also the routine kinds (heartbeats), otherwise only counted"),
     b: Bridge = Depends(bridge),
 ) -> dict[str, Any]:
-    rows = b.journal.events(sid=sentinel, kind=kind, limit=limit, before=before)
+    """Newest first. Unless `routine` or a `kind` is asked for, heartbeats are left out and counted
+    over the span the page covers (`folded`), so a cut is not pushed off the screen by them."""
+    exclude = () if routine or kind else tuple(kinds.ROUTINE)
+    rows = b.journal.events(sid=sentinel, kind=kind, limit=limit, before=before, exclude=exclude)
     items = [_row(e) for e in rows]
-    return {"items": items, "next_before": items[-1]["id"] if len(items) == limit else None}
+    folded = {}
+    if exclude:
+        full = len(items) == limit  # a full page covers back to its oldest item; a short one, to the start
+        lo = items[-1]["id"] if items and full else 0
+        for k in exclude:
+            n = b.journal.count([k], sentinel, lo, before)
+            if n:
+                folded[k] = n
+    return {"items": items, "next_before": items[-1]["id"] if len(items) == limit else None, "folded": folded}
 
 
 @router.get("/stream", response_class=StreamingResponse)

@@ -26,12 +26,16 @@ class BridgeCollector(Collector):
             "holdover_sentinel_online", "1 if the sentinel is heard on some path (MQTT or serial)", labels=["sentinel"]
         )
         mains = GaugeMetricFamily("holdover_mains_present", "1 on mains, 0 on battery", labels=["sentinel"])
-        pct = GaugeMetricFamily("holdover_battery_percent", "battery charge, percent", labels=["sentinel"])
-        volts = GaugeMetricFamily("holdover_battery_volts", "battery voltage", labels=["sentinel"])
-        runtime = GaugeMetricFamily("holdover_battery_runtime_seconds", "runtime left on battery", labels=["sentinel"])
+        # The sentinel's own cell: how long the sentinel keeps watching, not the host's time (holdover_ups_*).
+        pct = GaugeMetricFamily("holdover_battery_percent", "the sentinel's own cell, percent", labels=["sentinel"])
+        volts = GaugeMetricFamily("holdover_battery_volts", "the sentinel's own cell, volts", labels=["sentinel"])
+        runtime = GaugeMetricFamily(
+            "holdover_battery_runtime_seconds", "the sentinel's own cell: its runtime left", labels=["sentinel"]
+        )
         uplink = GaugeMetricFamily("holdover_uplink_up", "1 up, 0.5 degraded, 0 down", labels=["sentinel"])
-        rtt = GaugeMetricFamily("holdover_probe_rtt_ms", "probe round trip", labels=["sentinel", "target"])
-        loss = GaugeMetricFamily("holdover_probe_loss_percent", "probe loss", labels=["sentinel", "target"])
+        # Base units, as Prometheus asks (promtool check metrics): seconds, and loss as a ratio.
+        rtt = GaugeMetricFamily("holdover_probe_rtt_seconds", "probe round trip", labels=["sentinel", "target"])
+        loss = GaugeMetricFamily("holdover_probe_loss_ratio", "probe loss, 0 to 1", labels=["sentinel", "target"])
         for s in snapshot.sentinels(b.journal, [x.id for x in b.settings.sentinels]):
             sid = s["sid"]
             online.add_metric([sid], 1.0 if s["status"] in ("online", "serial only") else 0.0)
@@ -44,9 +48,9 @@ class BridgeCollector(Collector):
                 uplink.add_metric([sid], {"up": 1.0, "degraded": 0.5, "down": 0.0}[s["uplink"]])
             for t in s["targets"]:
                 if t.get("rtt_ms") is not None:
-                    rtt.add_metric([sid, str(t.get("name"))], float(t["rtt_ms"]))
+                    rtt.add_metric([sid, str(t.get("name"))], float(t["rtt_ms"]) / 1000)
                 if t.get("loss_pct") is not None:
-                    loss.add_metric([sid, str(t.get("name"))], float(t["loss_pct"]))
+                    loss.add_metric([sid, str(t.get("name"))], float(t["loss_pct"]) / 100)
         yield from (online, mains, pct, volts, runtime, uplink, rtt, loss)
         ev = CounterMetricFamily("holdover_events", "events journaled", labels=["sentinel", "kind"])
         for sid, kind, n in b.journal.event_counts():
@@ -57,9 +61,11 @@ class BridgeCollector(Collector):
             rej.add_metric([reason], float(n))
         yield rej
         unsent = GaugeMetricFamily("holdover_alerts_unsent", "alerts waiting in the outbox", labels=["channel"])
-        for ch, n in b.alerts.outbox.unsent().items():
-            unsent.add_metric([ch], float(n))
+        waiting = b.alerts.outbox.unsent()
+        for ch in sorted({c.name for c in b.settings.alerts.channels} | set(waiting)):
+            unsent.add_metric([ch], float(waiting.get(ch, 0)))  # every channel, 0 too: absent is not "none"
         yield unsent
+        yield from self._ups()
         if b.failover is not None:
             fo = GaugeMetricFamily("holdover_uplink_judged_up", "the node's own verdict per uplink", labels=["uplink"])
             for name, h in b.failover.health.items():
@@ -67,6 +73,33 @@ class BridgeCollector(Collector):
                     fo.add_metric([name], 1.0 if h.up else 0.0)
             yield fo
             yield CounterMetricFamily("holdover_failover_switches", "route switches", value=b.failover.switches)
+
+    def _ups(self) -> Iterator[GaugeMetricFamily]:
+        w = self.bridge.ups
+        if w is None:
+            return
+        name = w.s.name
+        r = w.latest if w.problem is None else None
+        readable = GaugeMetricFamily("holdover_ups_readable", "1 if the host's UPS answers", labels=["ups"])
+        readable.add_metric([name], 0.0 if w.problem else 1.0)
+        yield readable
+        if r is None or r.fixed:
+            return
+        for metric, help_, value in (
+            ("holdover_ups_on_battery", "1 if the host's UPS is on battery (OB)", 1.0 if r.on_battery else 0.0),
+            (
+                "holdover_ups_low_battery",
+                "1 at low battery (LB, FSD or under low_runtime_s)",
+                float(r.low(w.s.low_runtime_s)),
+            ),
+            ("holdover_ups_runtime_seconds", "the host's UPS: runtime left (the rescue's clock)", r.runtime_s),
+            ("holdover_ups_charge_percent", "the host's UPS: battery charge", r.charge),
+            ("holdover_ups_load_percent", "the host's UPS: load", r.load),
+        ):
+            if value is not None:
+                fam = GaugeMetricFamily(metric, help_, labels=["ups"])
+                fam.add_metric([name], float(value))
+                yield fam
 
 
 @router.get("/metrics", response_class=Response)
