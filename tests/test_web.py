@@ -228,7 +228,7 @@ def test_holdover_bridge_serves_the_api_and_a_busy_port_is_not_its_end(tmp_path)
 
 
 def test_status_and_events_read_an_end_to_end_journal_with_the_bridge_down(rig_factory) -> None:
-    rig = rig_factory()
+    rig = rig_factory(firmware={"battery": {"pin": 34}})
     rig.wait("boot", 15)
     rig.control.send(mains=False)
     rig.wait("mains_lost", 5)
@@ -251,6 +251,18 @@ def test_status_and_events_read_an_end_to_end_journal_with_the_bridge_down(rig_f
     r = subprocess.run([HOLDOVER, "status", "-c", str(cfg)], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and "LOST" in r.stdout and "demo" in r.stdout
     assert "host UPS: none configured" in r.stdout and "own battery" in r.stdout
+    assert f"config {cfg}" in r.stdout  # which file it read
+    # One value, plainly, for a script (as upsc prints one); all of them as `var: value` lines.
+    get = [HOLDOVER, "get", "demo", "-c", str(cfg)]
+    r = subprocess.run([*get, "battery_pct"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and 0 < float(r.stdout) <= 100 and r.stdout.count("\n") == 1, r
+    assert subprocess.run([*get, "mains"], capture_output=True, text=True, timeout=60).stdout == "false\n"
+    every = subprocess.run(get, capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert "sid: demo" in every and "mains: false" in every
+    r = subprocess.run([*get, "batery_pct"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "demo has no 'batery_pct'; did you mean battery_pct?" in r.stderr
+    r = subprocess.run([HOLDOVER, "get", "rack9", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no sentinel 'rack9' (known: demo; `ups` for the host's UPS)" in r.stderr
     r = subprocess.run(
         [HOLDOVER, "events", "-c", str(cfg), "--kind", "mains_lost", "--json"],
         capture_output=True,

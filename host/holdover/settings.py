@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -59,8 +60,14 @@ class _PasswordFromFile(_Strict):
         return self
 
 
-def _as_path(v: object) -> object:
-    return Path(v) if isinstance(v, str) else v
+def _as_path(v: object, info: ValidationInfo) -> object:
+    """A path from the config: `~` expanded, and a relative one taken from the config file's
+    directory (load() passes it), not from wherever the command happens to run."""
+    if not isinstance(v, str):
+        return v
+    p = Path(v).expanduser()
+    base = (info.context or {}).get("base") if info is not None else None
+    return p if p.is_absolute() or base is None else Path(base) / p
 
 
 # A path is a string in TOML; checked strictly (see parse), pydantic would want a Path object.
@@ -93,7 +100,10 @@ class SerialSettings(_Strict):
 
 
 class JournalSettings(_Strict):
-    path: ConfigPath = Field(Path("holdover-journal.db"), description="the event journal (SQLite)")
+    path: ConfigPath = Field(
+        Path("/var/lib/holdover/journal.db"),
+        description="the event journal (SQLite); relative: to this file's directory",
+    )
 
 
 class SentinelSettings(_Strict):
@@ -152,7 +162,9 @@ class ProtectSettings(_Strict):
     margin: float = Field(60.0, ge=0, description="seconds of the runtime estimate kept in reserve")
     hang_after: float = Field(30.0, gt=0, description="a save that reports no progress this long is hung")
     after_save: Literal["continue", "exit"] = Field("continue", description="what a run does once saved")
-    rescue_dir: ConfigPath = Field(Path("holdover-rescue"), description="where gcore dumps and /dev/shm copies go")
+    rescue_dir: ConfigPath = Field(
+        Path("/var/lib/holdover/rescue"), description="where gcore dumps and /dev/shm copies go"
+    )
     gcore: bool = Field(True, description="dump a run that cannot save in time with gcore")
     gcore_rate_mb_s: float = Field(350.0, gt=0, description="measured gcore speed, for its time budget")
     shm: list[str] = Field(default_factory=list, description="globs under /dev/shm copied on rescue")
@@ -567,20 +579,22 @@ def environment_overrides() -> dict[str, Any]:
     return src()
 
 
-def parse(data: dict[str, Any], origin: str = "config", env: bool = True) -> Settings:
+def parse(data: dict[str, Any], origin: str = "config", env: bool = True, base: Path | None = None) -> Settings:
     """The file's values strictly as written (a quoted port is an error, as on the board), then
-    the environment's over them (strings by nature, so those are converted)."""
+    the environment's over them (strings by nature, so those are converted). Relative paths are
+    taken from `base` (the config file's directory) when given."""
     if not data:
         raise ConfigError(f"{origin}: empty; holdover.toml.example has every setting with its default")
+    context = {"base": base} if base is not None else None
     try:
-        cfg = Settings.model_validate(data, strict=True)
+        cfg = Settings.model_validate(data, strict=True, context=context)
     except ValidationError as e:
         raise ConfigError(f"{origin}: {e.error_count()} problem(s)\n{_describe(e)}") from None
     over = environment_overrides() if env else {}
     if not over:
         return cfg
     try:
-        return Settings.model_validate(_merge(data, over))
+        return Settings.model_validate(_merge(data, over), context=context)
     except ValidationError as e:
         names = ", ".join(sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX)))
         raise ConfigError(f"{origin} with {names}: {e.error_count()} problem(s)\n{_describe(e)}") from None
@@ -597,4 +611,4 @@ def load(path: Path) -> Settings:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    return parse(data, str(path))
+    return parse(data, str(path), base=path.resolve().parent)

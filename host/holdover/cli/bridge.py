@@ -5,12 +5,26 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from holdover import settings as settings_mod
-from holdover.cli.common import OUTAGE, RUN, SET_UP, fail, journal_exists, setup_logging, wing
+from holdover.cli.common import (
+    OUTAGE,
+    RUN,
+    SET_UP,
+    config_option,
+    fail,
+    journal_exists,
+    load_config,
+    setup_logging,
+    wing,
+)
 from holdover.errors import FAILED
+
+if TYPE_CHECKING:
+    from holdover.node.ups import UpsReading
+    from holdover.settings import Settings
 
 app = wing()
 
@@ -25,7 +39,7 @@ def config_example() -> None:
 
 @app.command("broker-config", rich_help_panel=SET_UP)
 def broker_config(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (its sentinels get users)."),
+    config: Path = config_option("The bridge's TOML config (its sentinels get users)."),
     out: Path = typer.Option(Path("/etc/holdover/mosquitto"), help="Where mosquitto.conf, passwd and acl go."),
     listen: str = typer.Option("0.0.0.0", help="The broker's listening address (the LAN's side)."),
     port: int = typer.Option(1883, help="The broker's port."),
@@ -40,7 +54,7 @@ def broker_config(
     lines that make the bridge's and each sentinel's configs match."""
     from holdover.bridge import broker_config as bc
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     try:
         w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha, rotate=rotate)
     except OSError as e:
@@ -70,7 +84,7 @@ def broker_config(
 
 @app.command("nut-config", rich_help_panel=SET_UP)
 def nut_config(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([nut_server], sentinels)."),
+    config: Path = config_option("The bridge's TOML config ([nut_server], sentinels)."),
     out: Path = typer.Option(Path("/etc/holdover/nut"), help="Where ups.conf, upsd.conf and upsd.users go."),
     host: str = typer.Option("", help="This NUT server's LAN address, for the clients' upsmon.conf lines."),
     rotate: list[str] = typer.Option([], "--rotate", help="Give this client a new password; repeatable."),
@@ -79,7 +93,7 @@ def nut_config(
     print each client's upsmon.conf line. Passwords already made are kept."""
     from holdover.bridge import nut_config as nc
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     s = cfg.nut_server
     w = nc.write(s, [x.id for x in cfg.sentinels], out, rotate)
     typer.echo(f"wrote {', '.join(str(f) for f in w.files)}")
@@ -100,14 +114,14 @@ def nut_config(
 
 @app.command("test-alert", rich_help_panel=SET_UP)
 def test_alert(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([alerts])."),
+    config: Path = config_option("The bridge's TOML config ([alerts])."),
 ) -> None:
     """Send one test alert through every configured channel and print each one's result."""
     import socket
 
     from holdover.bridge import notify
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     if not cfg.alerts.channels:
         raise fail(f"{config} has no [[alerts.channels]]")
     failed = 0
@@ -127,13 +141,13 @@ def test_alert(
 @app.command("ha-remove", rich_help_panel=SET_UP)
 def ha_remove(
     sentinel: str = typer.Argument(..., help="The sentinel's id."),
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the broker)."),
+    config: Path = config_option("The bridge's TOML config (for the broker)."),
     prefix: str = typer.Option("homeassistant", help="Home Assistant's discovery prefix."),
 ) -> None:
     """Remove a sentinel's Home Assistant entities (empty their retained discovery configs)."""
     from holdover.bridge import discovery
 
-    removed = discovery.remove(settings_mod.load(config).mqtt, sentinel, prefix)
+    removed = discovery.remove(load_config(config).mqtt, sentinel, prefix)
     if not removed:
         typer.echo(f"no discovery configs for {sentinel} under {discovery.node_filter(sentinel, prefix)}")
         return
@@ -147,14 +161,14 @@ def ha_remove(
 
 @app.command(rich_help_panel=RUN)
 def bridge(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config."),
+    config: Path = config_option("The bridge's TOML config."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     """Run the host bridge: take sentinel events from MQTT, journal them and run hooks."""
     from holdover.bridge import Bridge
 
     setup_logging(verbose)
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     if not cfg.sentinels and not cfg.ups.enabled:
         raise fail(
             f"{config}: no [[sentinels]] and no [ups]: the bridge would hear nobody. Make a key with "
@@ -167,7 +181,7 @@ def bridge(
 
 @app.command(rich_help_panel=RUN)
 def status(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    config: Path = config_option("The bridge's TOML config (for the journal)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """The host's UPS, sentinels, protected runs and uplinks at a glance: the UPS read now, the rest
@@ -179,23 +193,15 @@ def status(
     from holdover.events import duration
     from holdover.journal import Journal
     from holdover.node import launch
-    from holdover.node.nut_client import NutError
-    from holdover.node.ups import UpsReader
     from holdover.web import snapshot
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     journal_exists(cfg)
-    reading, problem = None, None
-    if cfg.ups.enabled:
-        reader = UpsReader(cfg.ups)  # read as upsc would: one bounded read, the bridge need not run
-        try:
-            reading = reader.read()
-        except NutError as e:
-            problem = str(e)
-        finally:
-            reader.close()
+    reading, problem = _read_ups(cfg)
     with Journal(cfg.journal.path, readonly=True) as j:
         st = {
+            "config": str(config.resolve()),
+            "journal": str(cfg.journal.path),
             "ups": snapshot.ups(cfg, reading, problem),
             "sentinels": snapshot.sentinels(j, [s.id for s in cfg.sentinels]),
             "runs": launch.recover(cfg.protect.registry),
@@ -206,16 +212,22 @@ def status(
         typer.echo(json.dumps(st, indent=2, default=str))
         return
     out = Console()
+    out.print(f"[dim]config {escape(st['config'])} · journal {escape(st['journal'])}[/dim]", soft_wrap=True)
     u = st["ups"]
     if problem:
-        out.print(f"host UPS {escape(u['name'])}: [red]{escape(problem)}[/red]")
+        out.print(f"host UPS {escape(u['name'])}: [red]{escape(problem)}[/red]", soft_wrap=True)
     elif reading is not None and not reading.fixed:
         colour = "red" if u["on_battery"] else "green"
-        out.print(f"host UPS {escape(u['name'])} ({escape(u['source'])}): [{colour}]{escape(reading.describe())}[/]")
+        out.print(
+            f"host UPS {escape(u['name'])} ({escape(u['source'])}): [{colour}]{escape(reading.describe())}[/]",
+            soft_wrap=True,
+        )
     elif not u["configured"]:
         out.print("host UPS: [yellow]none configured[/yellow] ([ups] nut or apcupsd)")
     guess = "[yellow]" if u["guess"] else ""
-    out.print(f"an emergency's deadline: {guess}{escape(u['deadline_from'])}{'[/yellow]' if guess else ''}")
+    out.print(
+        f"an emergency's deadline: {guess}{escape(u['deadline_from'])}{'[/yellow]' if guess else ''}", soft_wrap=True
+    )
     t = Table(title="sentinels")
     for col in ("sentinel", "status", "mains", "own battery", "uplink", "relay", "last event"):
         t.add_column(col)
@@ -250,9 +262,65 @@ def status(
     )
 
 
+def _read_ups(cfg: Settings) -> tuple[UpsReading | None, str | None]:
+    """The host's UPS, read once as upsc would (the bridge need not run): (reading, problem)."""
+    from holdover.node.nut_client import NutError
+    from holdover.node.ups import UpsReader
+
+    if not cfg.ups.enabled:
+        return None, None
+    reader = UpsReader(cfg.ups)
+    try:
+        return reader.read(), None
+    except NutError as e:
+        return None, str(e)
+    finally:
+        reader.close()
+
+
+@app.command(rich_help_panel=RUN)
+def get(
+    what: str = typer.Argument(..., help="A sentinel's id, or `ups` for the host's UPS."),
+    var: str | None = typer.Argument(None, help="One variable (battery_pct, mains, runtime_s, ...); all if left out."),
+    config: Path = config_option("The bridge's TOML config."),
+) -> None:
+    """One value, plainly, for scripts (as `upsc ups@host var` prints one): `holdover get rack1 battery_pct`."""
+    import difflib
+
+    from holdover.journal import Journal
+    from holdover.web import snapshot
+
+    cfg = load_config(config)
+    if what == "ups":
+        found = snapshot.ups(cfg, *_read_ups(cfg))
+    else:
+        journal_exists(cfg)
+        with Journal(cfg.journal.path, readonly=True) as j:
+            every = {s["sid"]: s for s in snapshot.sentinels(j, [x.id for x in cfg.sentinels])}
+        if what not in every:
+            known = ", ".join(sorted(every)) or "none heard yet"
+            raise fail(f"no sentinel {what!r} (known: {known}; `ups` for the host's UPS)")
+        found = {k: v for k, v in every[what].items() if k not in ("targets", "last_event")}
+    plain = {k: v for k, v in found.items() if not isinstance(v, dict | list)}
+
+    def show(v: object) -> str:
+        return "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    if var is None:
+        for k, v in plain.items():
+            typer.echo(f"{k}: {show(v)}")
+        return
+    if var not in plain:
+        near = difflib.get_close_matches(var, list(plain), n=1)
+        raise fail(
+            f"{what} has no {var!r}" + (f"; did you mean {near[0]}?" if near else f" (it has: {', '.join(plain)})")
+        )
+    typer.echo(show(plain[var]))
+
+
 @app.command(rich_help_panel=RUN)
 def outages(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    config: Path = config_option("The bridge's TOML config (for the journal)."),
     limit: int = typer.Option(20, help="How many, newest first."),
     days: float = typer.Option(365.0, help="Only outages that began in the last this many days."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -268,7 +336,7 @@ def outages(
     from holdover.journal import Journal
     from holdover.web import outages as outages_mod
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     journal_exists(cfg)
     with Journal(cfg.journal.path, readonly=True) as j:
         found = outages_mod.history(j, limit, since=time.time() - days * 86400)
@@ -293,7 +361,7 @@ def outages(
 
 @app.command(rich_help_panel=RUN)
 def events(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (for the journal)."),
+    config: Path = config_option("The bridge's TOML config (for the journal)."),
     kind: str | None = typer.Option(None, help="Only this kind (mains_lost, failover, ...)."),
     sentinel: str | None = typer.Option(None, help="Only this sentinel ('node': this machine)."),
     limit: int = typer.Option(50, help="How many, newest last."),
@@ -307,7 +375,7 @@ def events(
     from holdover import events as kinds
     from holdover.journal import Event, Journal
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     if kind is not None and kind not in kinds.TABLE:
         import difflib
 
@@ -350,14 +418,14 @@ def relay(
     sentinel: str = typer.Argument(..., help="The sentinel's id."),
     op: str = typer.Argument(..., help="on, off or pulse."),
     ms: int = typer.Argument(0, help="For pulse: how long the relay stays on, in ms."),
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config (broker and keys)."),
+    config: Path = config_option("The bridge's TOML config (broker and keys)."),
     timeout: float = typer.Option(10.0, help="Seconds to wait for the sentinel's answer."),
 ) -> None:
     """Switch a sentinel's relay with a signed command and print its answer."""
     from holdover.bridge import commands
     from holdover.firmware import protocol
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     key = cfg.keys().get(sentinel)
     if key is None:
         raise commands.CommandError(f"no key for {sentinel!r} in {config}")

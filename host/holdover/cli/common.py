@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -50,6 +52,33 @@ def setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+# Where the service's config lives, as /etc/nut/ups.conf does for NUT: every command finds it there
+# (or at $HOLDOVER_CONFIG) without --config.
+DEFAULT_CONFIG = Path("/etc/holdover/holdover.toml")
+CONFIG_ENV = "HOLDOVER_CONFIG"
+
+
+def config_option(help_: str) -> Any:
+    return typer.Option(
+        DEFAULT_CONFIG,
+        "--config",
+        "-c",
+        envvar=CONFIG_ENV,
+        show_envvar=True,
+        help=f"{help_} Default: ${CONFIG_ENV}, else {DEFAULT_CONFIG}.",
+    )
+
+
+def load_config(path: Path) -> settings_mod.Settings:
+    """The bridge's config; a missing default says where it was looked for and how to make one."""
+    if path == DEFAULT_CONFIG and not os.environ.get(CONFIG_ENV) and not path.exists():
+        raise settings_mod.ConfigError(
+            f"no config at {DEFAULT_CONFIG} (the default): pass --config FILE, set {CONFIG_ENV}, "
+            f"or make one there: holdover config-example > {DEFAULT_CONFIG}"
+        )
+    return settings_mod.load(path)
 
 
 def journal_exists(cfg: settings_mod.Settings) -> None:

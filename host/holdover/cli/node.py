@@ -8,8 +8,7 @@ from pathlib import Path
 
 import typer
 
-from holdover import settings as settings_mod
-from holdover.cli.common import OUTAGE, SET_UP, fail, print_checks, wing
+from holdover.cli.common import OUTAGE, SET_UP, config_option, fail, load_config, print_checks, wing
 from holdover.errors import FAILED
 
 app = wing()
@@ -17,7 +16,7 @@ app = wing()
 
 @app.command(rich_help_panel=SET_UP)
 def doctor(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config."),
+    config: Path = config_option("The bridge's TOML config."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     root: Path = typer.Option(Path("/"), hidden=True, help="Read /etc and /proc under this (tests)."),
 ) -> None:
@@ -26,7 +25,7 @@ def doctor(
     from holdover.node.checks import worst
     from holdover.node.doctor import Doctor
 
-    checks = Doctor(settings_mod.load(config), root=root).run()
+    checks = Doctor(load_config(config), root=root).run()
     if as_json:
         typer.echo(json.dumps([c.as_dict() for c in checks], indent=1))
     else:
@@ -36,7 +35,7 @@ def doctor(
 
 @app.command("install-service", rich_help_panel=SET_UP)
 def install_service(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config the service runs with."),
+    config: Path = config_option("The bridge's TOML config the service runs with."),
     unit_dir: Path = typer.Option(Path("/etc/systemd/system"), help="Where the unit file goes."),
     enable: bool = typer.Option(False, help="Also run systemctl daemon-reload and enable --now."),
 ) -> None:
@@ -44,7 +43,7 @@ def install_service(
     from holdover import proc
     from holdover.node import systemd
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     path, _text = systemd.install(cfg, config, unit_dir)
     typer.echo(f"wrote {path}: holdover bridge --config {config.resolve()}, as root with only")
     typer.echo(f"  {', '.join(systemd.CAPABILITIES)}; the system read-only but for")
@@ -66,7 +65,7 @@ def install_service(
 
 @app.command(rich_help_panel=OUTAGE)
 def diagnose(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([failover], [diagnose])."),
+    config: Path = config_option("The bridge's TOML config ([failover], [diagnose])."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Walk each uplink hop by hop (link, gateway, targets), DNS, metadata, the kernel's words and
@@ -75,7 +74,7 @@ def diagnose(
     from holdover.node.checks import worst
     from holdover.node.netlink import NetlinkThread
 
-    cfg = settings_mod.load(config)
+    cfg = load_config(config)
     with NetlinkThread(netns=cfg.failover.netns) as nl:
         findings = asyncio.run(dg.diagnose(cfg, nl.ipr, nl.arun))
     if not findings:
@@ -96,7 +95,7 @@ app.add_typer(failover_app, name="failover", rich_help_panel=OUTAGE)
 
 @failover_app.command("status")
 def failover_status(
-    config: Path = typer.Option(..., "--config", "-c", help="The bridge's TOML config ([failover])."),
+    config: Path = config_option("The bridge's TOML config ([failover])."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Probe every uplink once and show which one carries traffic."""
@@ -106,7 +105,7 @@ def failover_status(
     from holdover.node.failover import check
     from holdover.node.netlink import open_handle
 
-    fo = settings_mod.load(config).failover
+    fo = load_config(config).failover
     if not fo.uplinks:
         raise fail(f"{config} has no [failover] uplinks")
     with open_handle(fo.netns) as ipr:
