@@ -143,3 +143,43 @@ def test_a_journal_that_cannot_write_holds_events_acts_once_and_journals_them_wh
         assert j.recover() == 2 and j.broken is None and not j.held
         assert [(e.kind, e.seq) for e in reversed(j.events())] == [("mains_lost", 1), ("journal_broken", 1)]
         assert j.accept("mqtt", body(1)) is None  # the board's resend is now a duplicate: receipted
+
+
+def _hb(j: Journal, seq: int, kind: str = "heartbeat", boot: str = "b1", at: float | None = None):
+    ev = j.accept("mqtt", {"sid": "rack1", "boot": boot, "seq": seq, "kind": kind, "ms": 0, "ts": None, "data": {}})
+    if ev is not None and at is not None:
+        j.db.execute("UPDATE events SET rx_ts=? WHERE id=?", (at, ev.id))
+    return ev
+
+
+def test_retention_deletes_old_heartbeats_and_refusals_keeps_outages_and_still_refuses_their_replay(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from holdover.bridge.service import Bridge
+    from holdover.settings import Settings
+
+    old, new = time.time() - 10 * 86400, time.time()
+    with Journal(tmp_path / "j.db") as j:
+        assert _hb(j, 1, at=old) and _hb(j, 2, "mains_lost", at=old) and _hb(j, 3, at=old) and _hb(j, 4, at=new)
+        _hb(j, 1, boot="b0", at=old)  # an earlier boot's
+        j.reject("mqtt", "holdover/rack1/event", "bad_signature", "seq 9", b"x")
+        j.db.execute("UPDATE rejections SET rx_ts=?", (old,))
+        j.reject("mqtt", "holdover/rack1/event", "bad_signature", "seq 10", b"y")
+    cfg = Settings.model_validate({"journal": {"path": str(tmp_path / "j.db"), "keep_routine_days": 7}})
+    bridge = Bridge(cfg)
+    bridge.prune()  # what the running bridge does every hour
+    j = bridge.journal
+    kept = [(e.boot, e.seq, e.kind) for e in reversed(j.events())]
+    assert kept == [("b1", 2, "mains_lost"), ("b1", 4, "heartbeat")]  # the outage stays
+    assert [r["detail"] for r in j.rejections()] == ["seq 10"]
+    # A pruned heartbeat's row was its replay guard: the watermark still refuses it.
+    assert _hb(j, 3) is None and _hb(j, 1) is None and _hb(j, 1, boot="b0") is None
+    assert _hb(j, 5) is not None  # the next one is taken
+    # An event that is not routine, never seen, below the watermark (a late resend): taken.
+    assert _hb(j, 0, "mains_restored") is not None
+    assert j.prune_routine(time.time() - 7 * 86400) == (0, 0)  # idempotent
+    j.close()
+    with Journal(tmp_path / "j.db") as again:  # the watermark is in the file, for the next bridge
+        assert _hb(again, 3) is None and again.version == VERSION

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from holdover.firmware import protocol
+from holdover.journal import ROUTINE_KINDS as journal_routine
 from holdover.journal import Event
 
 INFO = "info"
@@ -227,7 +228,7 @@ RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_resc
 
 # Routine: the sentinel saying it is alive every 30 s. Journaled (presence is judged by them) but
 # folded into a count where people read events, or an outage scrolls away in minutes.
-ROUTINE = frozenset({protocol.HEARTBEAT})
+ROUTINE = frozenset(journal_routine)
 
 
 def duration(s: float) -> str:

@@ -71,6 +71,12 @@ CREATE TABLE IF NOT EXISTS hook_runs (
     returncode INTEGER,
     output TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pruned (
+    sid TEXT NOT NULL,
+    boot TEXT NOT NULL,
+    below_seq INTEGER NOT NULL,
+    PRIMARY KEY (sid, boot)
+);
 CREATE TABLE IF NOT EXISTS sentinels (
     sid TEXT PRIMARY KEY,
     status TEXT,
@@ -82,7 +88,10 @@ CREATE TABLE IF NOT EXISTS sentinels (
     seen_ts REAL
 );
 """
-VERSION = 1
+VERSION = 2
+# Kept only for [journal] keep_routine_days (events.ROUTINE names them for people; the journal
+# cannot import events, which imports it).
+ROUTINE_KINDS = ("heartbeat",)
 
 
 def _add_seen_ts(db: sqlite3.Connection) -> None:
@@ -92,7 +101,8 @@ def _add_seen_ts(db: sqlite3.Connection) -> None:
 
 # (the version it brings a journal to, what it does). Version 1: the first numbered schema, the
 # journals of b674fac and before (user_version 0) plus the column some of them still lack.
-MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [(1, _add_seen_ts)]
+# Version 2: the `pruned` table (SCHEMA creates it; nothing else changes).
+MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [(1, _add_seen_ts), (2, lambda _db: None)]
 
 
 def _statements(script: str) -> list[str]:
@@ -299,9 +309,14 @@ class Journal:
         self.db.close()
 
     def accept(self, source: str, body: dict[str, Any]) -> Event | None:
-        """Record an accepted event; None if (sid, boot, seq) was already journaled."""
+        """Record an accepted event; None if (sid, boot, seq) was already journaled, or is a
+        heartbeat at or below what prune_routine() removed (its replay guard is the watermark)."""
         rx = time.time()
         e = _event(0, rx, source, body)
+        if e.kind in ROUTINE_KINDS:
+            row = self.db.execute("SELECT below_seq FROM pruned WHERE sid=? AND boot=?", (e.sid, e.boot)).fetchone()
+            if row is not None and e.seq <= row[0]:
+                return None
         try:
             cur = self.db.execute(
                 "INSERT INTO events (rx_ts, source, sid, boot, seq, kind, ms, ts, data) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -310,6 +325,31 @@ class Journal:
         except sqlite3.IntegrityError:
             return None
         return dataclasses.replace(e, id=cur.lastrowid or 0)
+
+    def prune_routine(self, before: float) -> tuple[int, int]:
+        """Heartbeats and refused messages received before `before` (epoch s) deleted: (events,
+        rejections). A heartbeat's row was its replay guard, so the highest seq removed per
+        (sentinel, boot) is kept, and accept() refuses a heartbeat at or below it. Nothing else is
+        pruned: outages, rescues and their steps are what the journal is for, and are few."""
+        marks = ",".join("?" * len(ROUTINE_KINDS))
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute(
+                "INSERT INTO pruned (sid, boot, below_seq) "
+                f"SELECT sid, boot, MAX(seq) FROM events WHERE kind IN ({marks}) AND rx_ts < ? GROUP BY sid, boot "
+                "ON CONFLICT (sid, boot) DO UPDATE SET below_seq = MAX(below_seq, excluded.below_seq)",
+                (*ROUTINE_KINDS, before),
+            )
+            self.db.execute(
+                "DELETE FROM hook_runs WHERE event_id IN "
+                f"(SELECT id FROM events WHERE kind IN ({marks}) AND rx_ts < ?)",
+                (*ROUTINE_KINDS, before),
+            )
+            events = self.db.execute(
+                f"DELETE FROM events WHERE kind IN ({marks}) AND rx_ts < ?", (*ROUTINE_KINDS, before)
+            ).rowcount
+            rejections = self.db.execute("DELETE FROM rejections WHERE rx_ts < ?", (before,)).rowcount
+        return events, rejections
 
     def host_event(self, sid: str, kind: str, data: dict[str, Any]) -> Event:
         """Journal an event the bridge itself raises about a sentinel (its own numbering, boot HOST_BOOT).

@@ -104,6 +104,9 @@ class JournalSettings(_Strict):
         Path("/var/lib/holdover/journal.db"),
         description="the event journal (SQLite); relative: to this file's directory",
     )
+    keep_routine_days: float = Field(
+        7.0, ge=0, description="heartbeats and refused messages older than this are deleted (0: kept forever)"
+    )
 
 
 class SentinelSettings(_Strict):

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -165,6 +166,27 @@ class Bridge:
             self._journal_said = None
             self.node_event(events.JOURNAL_RESTORED, {"held": n, "dropped": j.dropped, "path": str(j.path)})
 
+    RETENTION_EVERY_S = 3600.0
+
+    def prune(self) -> None:
+        """Heartbeats and refused messages past [journal] keep_routine_days go, so the journal's
+        size is bounded by its outages, not by the sentinels' 2,880 heartbeats a day each."""
+        days = self.settings.journal.keep_routine_days
+        if not days or not self.journal.durable or self.journal.broken:
+            return
+        try:
+            n, r = self.journal.prune_routine(time.time() - days * 86400)
+        except (sqlite3.Error, OSError) as e:
+            log.warning("journal retention: %s (tried again in an hour)", e)
+            return
+        if n or r:
+            log.info("journal retention: %d heartbeat(s), %d refused message(s) older than %g days deleted", n, r, days)
+
+    async def _retention(self) -> None:
+        while True:
+            self.prune()
+            await asyncio.sleep(self.RETENTION_EVERY_S)
+
     async def _journal_watch(self) -> None:
         while True:
             await asyncio.sleep(self.JOURNAL_RETRY_S)
@@ -269,6 +291,7 @@ class Bridge:
             r.start()
         self.presence.start()
         journal_watch = asyncio.create_task(self._journal_watch())
+        retention = asyncio.create_task(self._retention())
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
         notifier = Notifier()  # systemd's Type=notify; nothing outside systemd
         notifier.send(ready=1, status=self.summary())
@@ -287,6 +310,7 @@ class Bridge:
             watchdog.cancel()
             stopper.cancel()
             journal_watch.cancel()
+            retention.cancel()
             self.link.stop()
             for s in self.serial:
                 s.stop()
