@@ -182,6 +182,23 @@ def test_two_hours_of_heartbeats_do_not_push_a_cut_off_the_first_screen(tmp_path
                     assert page.locator("#banner").inner_text().startswith("POWER OUT: power at rack1\nfor 2:01:")
                     assert "240 heartbeats" in page.locator("#folded").inner_text()
                     assert page.locator("#timeline li").first.get_attribute("data-kind") == "mains_lost"
+                    # Filters and paging back: heartbeats listed on asking, 50 a page, then older ones.
+                    assert page.locator("#older").is_hidden()
+                    page.check("#f-routine")
+                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 50")
+                    assert page.locator("#older").is_visible()
+                    page.click("#older")
+                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 100")
+                    page.select_option("#f-kind", "mains_lost")
+                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 1")
+                    page.fill("#f-sentinel", "rack2")
+                    page.press("#f-sentinel", "Enter")
+                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 0")
+                    page.fill("#f-sentinel", "")
+                    page.press("#f-sentinel", "Enter")
+                    page.uncheck("#f-routine")
+                    page.select_option("#f-kind", "")
+                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 1")
                     page.locator('#timeline li[data-kind="mains_lost"]').scroll_into_view_if_needed()
                     page.screenshot(path=str(ARTIFACTS / "events-folded.png"), full_page=True)
                 finally:
