@@ -15,7 +15,10 @@ _ENTITIES = (
     ("sensor", "battery_v", "Sentinel battery voltage", "d.battery_v", {"dev_cla": "voltage", "unit_of_meas": "V"}),
     ("sensor", "battery_pct", "Sentinel battery", "d.battery_pct", {"dev_cla": "battery", "unit_of_meas": "%"}),
     ("sensor", "runtime", "Sentinel battery runtime", "d.runtime_s", {"dev_cla": "duration", "unit_of_meas": "s"}),
-    ("switch", "relay", "Relay", "'ON' if d.relay else 'OFF'", {}),
+    # ON energises the coil; wired as hardware/ says (the modem on the normally-closed contact),
+    # that is the modem OFF. The button is what a person wants: a pulse of the board's cycle_ms.
+    ("switch", "relay", "Relay coil (on: modem off)", "'ON' if d.relay else 'OFF'", {}),
+    ("button", "power_cycle", "Power-cycle modem", None, {"dev_cla": "restart"}),
 )
 
 
@@ -27,21 +30,24 @@ def messages(cfg, sid, board_name):
     for comp, oid, name, tpl, extra in _ENTITIES:
         if (oid.startswith("battery") or oid == "runtime") and cfg["battery"]["pin"] < 0:
             continue
-        if oid == "relay" and cfg["relay"]["pin"] < 0:
+        if comp in ("switch", "button") and cfg["relay"]["pin"] < 0:
             continue
         if oid == "uplink" and not cfg["uplink"]["targets"]:
             continue
         c = {
             "name": name,
             "uniq_id": node + "_" + oid,
-            "stat_t": protocol.topic(sid, protocol.STATE),
-            "val_tpl": "{% set d = value_json.body.data %}{{ " + tpl + " }}",
             "avty_t": protocol.topic(sid, protocol.STATUS),
             "dev": device,
         }
-        if comp == "switch":
-            # HA cannot sign; the bridge turns ON/OFF here into a signed command (docs/protocol.md).
+        if tpl is not None:
+            c["stat_t"] = protocol.topic(sid, protocol.STATE)
+            c["val_tpl"] = "{% set d = value_json.body.data %}{{ " + tpl + " }}"
+        if comp in ("switch", "button"):
+            # HA cannot sign; the bridge turns ON/OFF/PULSE here into a signed command (docs/protocol.md).
             c["cmd_t"] = protocol.topic(sid, protocol.RELAY_SET)
+        if comp == "button":
+            c["pl_prs"] = "PULSE %d" % cfg["relay"]["cycle_ms"]
         if comp == "sensor":
             c["stat_cla"] = "measurement"  # long-term statistics in Home Assistant
             c["ent_cat"] = "diagnostic"

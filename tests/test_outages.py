@@ -83,46 +83,39 @@ def test_the_banner_says_what_is_wrong_how_long_is_left_what_holdover_does_and_w
 def test_the_page_leads_with_the_cut_counts_it_shows_the_save_verified_and_then_the_outage(
     rig_factory, tmp_path: Path
 ) -> None:
-    from playwright.sync_api import sync_playwright
-    from test_web import _browser, serving
+    from test_web import phone, serving
 
     with Toy(tmp_path / "run", "--steps", "100000", "--step-sleep", "0.02", "--mb", "32", torch=False) as run:
         run.registration()
         rig = rig_factory(protect={"registry": str(run.reg_dir), "rescue_dir": str(tmp_path / "rescue"), "grace": 3})
         rig.wait("boot", 20)
         ARTIFACTS.mkdir(exist_ok=True)
-        with serving(rig) as client, sync_playwright() as p:
-            browser = _browser(p)
-            try:
-                page = browser.new_page(viewport={"width": 412, "height": 915})  # a phone
-                page.goto(str(client.base_url))
-                page.wait_for_selector("#live.ok", timeout=10000)
-                assert page.locator("#banner").inner_text().startswith("All normal")
-                rig.control.send(mains=False)
-                page.wait_for_selector("#banner.out", timeout=5000)
-                text = page.locator("#banner").inner_text()
-                assert "POWER OUT: power at demo" in text and "grace:" in text, text
-                assert "deadline from [protect] runtime_default 600 s, a guess (no [ups])" in text, text
-                first = page.locator('#banner [data-k="for"]').inner_text()
-                page.screenshot(path=str(ARTIFACTS / "banner-grace.png"))
-                time.sleep(1.2)
-                assert page.locator('#banner [data-k="for"]').inner_text() != first  # the counter moves
-                page.wait_for_function(
-                    "document.querySelector('#banner [data-k=doing]')?.innerText.includes('verified')", timeout=30000
-                )
-                text = page.locator("#banner").inner_text()
-                assert "saved: toy at step" in text and "holdover recover" in text, text
-                page.screenshot(path=str(ARTIFACTS / "banner-saved.png"))
-                rig.control.send(mains=True)
-                page.wait_for_function(
-                    "document.querySelector('#banner')?.innerText.startsWith('All normal')", timeout=10000
-                )
-                row = page.locator('#outages tr[data-open="false"]').first
-                assert "power at demo" in row.inner_text() and "toy @ step" in row.inner_text()
-                page.set_viewport_size({"width": 1280, "height": 900})  # a laptop
-                page.screenshot(path=str(ARTIFACTS / "banner-after.png"), full_page=True)
-            finally:
-                browser.close()
+        with serving(rig) as client, phone(client) as page:
+            page.wait_for_selector("#live.ok", timeout=10000)
+            assert page.locator("#banner").inner_text().startswith("All normal")
+            rig.control.send(mains=False)
+            page.wait_for_selector("#banner.out", timeout=5000)
+            text = page.locator("#banner").inner_text()
+            assert "POWER OUT: power at demo" in text and "grace:" in text, text
+            assert "deadline from [protect] runtime_default 600 s, a guess (no [ups])" in text, text
+            first = page.locator('#banner [data-k="for"]').inner_text()
+            page.screenshot(path=str(ARTIFACTS / "banner-grace.png"))
+            time.sleep(1.2)
+            assert page.locator('#banner [data-k="for"]').inner_text() != first  # the counter moves
+            page.wait_for_function(
+                "document.querySelector('#banner [data-k=doing]')?.innerText.includes('verified')", timeout=30000
+            )
+            text = page.locator("#banner").inner_text()
+            assert "saved: toy at step" in text and "holdover recover" in text, text
+            page.screenshot(path=str(ARTIFACTS / "banner-saved.png"))
+            rig.control.send(mains=True)
+            page.wait_for_function(
+                "document.querySelector('#banner')?.innerText.startsWith('All normal')", timeout=10000
+            )
+            row = page.locator('#outages tr[data-open="false"]').first
+            assert "power at demo" in row.inner_text() and "toy @ step" in row.inner_text()
+            page.set_viewport_size({"width": 1280, "height": 900})  # a laptop
+            page.screenshot(path=str(ARTIFACTS / "banner-after.png"), full_page=True)
         out = subprocess.run(
             [HOLDOVER, "outages", "-c", str(rig.dir / "holdover.toml"), "--json"], capture_output=True, text=True
         )
@@ -142,8 +135,7 @@ def test_a_cut_that_ends_within_the_grace_saves_nothing_and_is_still_an_outage(t
 def test_two_hours_of_heartbeats_do_not_push_a_cut_off_the_first_screen(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from playwright.sync_api import sync_playwright
-    from test_web import _browser, serving
+    from test_web import phone, serving
 
     from holdover.bridge.service import Bridge, BridgeThread
     from holdover.lab.broker import free_port
@@ -172,36 +164,30 @@ def test_two_hours_of_heartbeats_do_not_push_a_cut_off_the_first_screen(tmp_path
             page_ = client.get("/api/events", params={"limit": 50}).json()
             assert [e["kind"] for e in page_["items"]] == ["mains_lost"] and page_["folded"] == {"heartbeat": 240}
             assert len(client.get("/api/events", params={"limit": 50, "routine": True}).json()["items"]) == 50
-            with sync_playwright() as p:
-                browser = _browser(p)
-                try:
-                    page = browser.new_page(viewport={"width": 412, "height": 915})
-                    page.goto(str(client.base_url))
-                    page.wait_for_selector('#timeline li[data-kind="mains_lost"]', timeout=10000)
-                    # The cut, its outage still open two hours on, leads the page; the heartbeats are a count.
-                    assert page.locator("#banner").inner_text().startswith("POWER OUT: power at rack1\nfor 2:01:")
-                    assert "240 heartbeats" in page.locator("#folded").inner_text()
-                    assert page.locator("#timeline li").first.get_attribute("data-kind") == "mains_lost"
-                    # Filters and paging back: heartbeats listed on asking, 50 a page, then older ones.
-                    assert page.locator("#older").is_hidden()
-                    page.check("#f-routine")
-                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 50")
-                    assert page.locator("#older").is_visible()
-                    page.click("#older")
-                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 100")
-                    page.select_option("#f-kind", "mains_lost")
-                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 1")
-                    page.fill("#f-sentinel", "rack2")
-                    page.press("#f-sentinel", "Enter")
-                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 0")
-                    page.fill("#f-sentinel", "")
-                    page.press("#f-sentinel", "Enter")
-                    page.uncheck("#f-routine")
-                    page.select_option("#f-kind", "")
-                    page.wait_for_function("document.querySelectorAll('#timeline li').length === 1")
-                    page.locator('#timeline li[data-kind="mains_lost"]').scroll_into_view_if_needed()
-                    page.screenshot(path=str(ARTIFACTS / "events-folded.png"), full_page=True)
-                finally:
-                    browser.close()
+            with phone(client) as page:
+                page.wait_for_selector('#timeline li[data-kind="mains_lost"]', timeout=10000)
+                # The cut, its outage still open two hours on, leads the page; the heartbeats are a count.
+                assert page.locator("#banner").inner_text().startswith("POWER OUT: power at rack1\nfor 2:01:")
+                assert "240 heartbeats" in page.locator("#folded").inner_text()
+                assert page.locator("#timeline li").first.get_attribute("data-kind") == "mains_lost"
+                # Filters and paging back: heartbeats listed on asking, 50 a page, then older ones.
+                assert page.locator("#older").is_hidden()
+                page.check("#f-routine")
+                page.wait_for_function("document.querySelectorAll('#timeline li').length === 50")
+                assert page.locator("#older").is_visible()
+                page.click("#older")
+                page.wait_for_function("document.querySelectorAll('#timeline li').length === 100")
+                page.select_option("#f-kind", "mains_lost")
+                page.wait_for_function("document.querySelectorAll('#timeline li').length === 1")
+                page.fill("#f-sentinel", "rack2")
+                page.press("#f-sentinel", "Enter")
+                page.wait_for_function("document.querySelectorAll('#timeline li').length === 0")
+                page.fill("#f-sentinel", "")
+                page.press("#f-sentinel", "Enter")
+                page.uncheck("#f-routine")
+                page.select_option("#f-kind", "")
+                page.wait_for_selector('#timeline[data-shown="*|*|false"]')  # the last filter's answer, drawn
+                assert page.locator("#timeline li").count() == 1
+                page.screenshot(path=str(ARTIFACTS / "events-folded.png"), full_page=True)
     finally:
         bt.stop()

@@ -331,6 +331,21 @@ def test_relay_commands_run_once_and_forged_replayed_retained_are_refused(rig_fa
     state = wait_for(lambda: _retained_state(rig), 10, "retained state")
     assert state["relay"] is False
 
+    # Its "Power-cycle modem" button: PULSE and the board's cycle_ms, signed and forwarded.
+    time.sleep(RELAY_MIN_INTERVAL_S + 0.2)
+    t = time.monotonic()
+    _publish(rig, b"PULSE 1500", topic_leaf=protocol.RELAY_SET)
+    wait_for(lambda: relay() is True, 10, "the pulse: coil on (modem off)")
+    wait_for(lambda: relay() is False and time.monotonic() - t > 1.5, 10, "the pulse over: modem back")
+    _publish(rig, b"PULSE 5", topic_leaf=protocol.RELAY_SET)  # under 50 ms: refused by the bridge, by name
+
+    def refused() -> list[dict]:
+        with Journal(rig.dir / "journal.db", readonly=True) as j:
+            return [r for r in j.rejections() if r["topic"] == protocol.topic(rig.sid, protocol.RELAY_SET)]
+
+    [r] = wait_for(refused, 10, "PULSE 5 refused")
+    assert r["reason"] == protocol.MALFORMED and "relay/set takes ON, OFF or PULSE MS (50..600000)" in r["detail"]
+
 
 def _retained_state(rig: Rig) -> dict | None:
     lis = Listener(rig, [protocol.topic(rig.sid, protocol.STATE)])
@@ -509,7 +524,7 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
     try:
         got = {}
         deadline = time.monotonic() + 15
-        while len(got) < 6 and time.monotonic() < deadline:
+        while len(got) < 7 and time.monotonic() < deadline:
             try:
                 t, p, _r = lis.next(1)
             except TimeoutError:
@@ -522,9 +537,18 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
             f"homeassistant/sensor/{node}/battery_pct/config",
             f"homeassistant/sensor/{node}/runtime/config",
             f"homeassistant/switch/{node}/relay/config",
+            f"homeassistant/button/{node}/power_cycle/config",
             f"homeassistant/binary_sensor/{node}/uplink/config",
         } - ({f"homeassistant/binary_sensor/{node}/uplink/config"}), got.keys()
-        for c in got.values():
+        button = got[f"homeassistant/button/{node}/power_cycle/config"]
+        # The button sends the board's own cycle_ms; a button has no state to read.
+        assert (button["name"], button["pl_prs"], button["cmd_t"]) == (
+            "Power-cycle modem",
+            f"PULSE {RELAY['relay'].get('cycle_ms', 10000)}",
+            protocol.topic(rig.sid, "relay/set"),
+        )
+        assert "stat_t" not in button
+        for c in (c for c in got.values() if c is not button):
             assert c["avty_t"] == protocol.topic(rig.sid, protocol.STATUS)
             assert c["stat_t"] == protocol.topic(rig.sid, protocol.STATE)
         assert got[f"homeassistant/binary_sensor/{node}/mains/config"]["dev_cla"] == "power"

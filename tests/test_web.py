@@ -300,28 +300,21 @@ QUIET = [
 
 
 def test_the_dashboard_in_headless_chromium_shows_a_power_cut_within_2s(api, tmp_path) -> None:
-    from playwright.sync_api import sync_playwright
 
     assert CHROMIUM, "Debian's chromium package is missing (scripts/ensure-system-deps.sh installs it)"
     rig, client = api
-    with sync_playwright() as p:
-        browser = _browser(p)
-        try:
-            page = browser.new_page(viewport={"width": 412, "height": 915})  # a phone's screen
-            page.goto(str(client.base_url))
-            page.wait_for_selector("#live.ok", timeout=10000)  # the event stream is open
-            mains = page.locator('[data-sid="demo"] [data-k="mains"]')
-            assert mains.inner_text() == "on"
-            cut = time.monotonic()
-            rig.control.send(mains=False)
-            page.wait_for_selector('#timeline li[data-kind="mains_lost"]', timeout=5000)
-            took = time.monotonic() - cut
-            page.wait_for_selector('[data-sid="demo"] [data-k="mains"].bad', timeout=5000)
-            shot = ARTIFACTS / "dashboard-power-cut.png"
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
+    with phone(client) as page:
+        page.wait_for_selector("#live.ok", timeout=10000)  # the event stream is open
+        mains = page.locator('[data-sid="demo"] [data-k="mains"]')
+        assert mains.inner_text() == "on"
+        cut = time.monotonic()
+        rig.control.send(mains=False)
+        page.wait_for_selector('#timeline li[data-kind="mains_lost"]', timeout=5000)
+        took = time.monotonic() - cut
+        page.wait_for_selector('[data-sid="demo"] [data-k="mains"].bad', timeout=5000)
+        shot = ARTIFACTS / "dashboard-power-cut.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot), full_page=True)
     print(f"dashboard: the power cut on the page {took:.2f} s after the cut")
     assert took < 2.0, took
     assert shot.stat().st_size > 10_000
@@ -331,8 +324,22 @@ def _browser(p):
     return p.chromium.launch(executable_path=CHROMIUM, args=QUIET, headless=True)
 
 
-def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) -> None:
+@contextlib.contextmanager
+def phone(client: httpx.Client):
+    """Debian's Chromium, headless, on a phone's screen (412 x 915), at the served dashboard."""
     from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 412, "height": 915})
+            page.goto(str(client.base_url))
+            yield page
+        finally:
+            browser.close()
+
+
+def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) -> None:
 
     target = TcpTarget()
     battery = {"pin": 34, "interval_ms": 200, "samples": 4, "low_pct": 30, "critical_pct": 10}
@@ -357,27 +364,19 @@ def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) ->
             assert 'holdover_probe_rtt_seconds{sentinel="demo",target="tcp 127.0.0.1:' in metrics
             assert 'holdover_battery_percent{sentinel="demo"}' in metrics
             promtool_check(metrics)
-            with sync_playwright() as p:
-                browser = _browser(p)
-                try:
-                    page = browser.new_page(viewport={"width": 412, "height": 915})
-                    page.goto(str(client.base_url))
-                    for series in ("battery", "RTT"):
-                        line = page.locator(f'[data-sid="demo"] svg.spark[data-series="{series}"] polyline')
-                        line.wait_for(state="attached", timeout=5000)  # a flat line has no height
-                        # At least what the API gave a moment ago: the sentinel may have sent a state since.
-                        assert len(line.get_attribute("points").split()) >= len(volts if series == "battery" else rtts)
-                    page.screenshot(path=str(ARTIFACTS / "dashboard-history.png"), full_page=True)
-                finally:
-                    browser.close()
+            with phone(client) as page:
+                for series in ("battery", "RTT"):
+                    line = page.locator(f'[data-sid="demo"] svg.spark[data-series="{series}"] polyline')
+                    line.wait_for(state="attached", timeout=5000)  # a flat line has no height
+                    # At least what the API gave a moment ago: the sentinel may have sent a state since.
+                    assert len(line.get_attribute("points").split()) >= len(volts if series == "battery" else rtts)
+                page.screenshot(path=str(ARTIFACTS / "dashboard-history.png"), full_page=True)
     finally:
         target.stop()
 
 
 def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp_path) -> None:
     from types import SimpleNamespace
-
-    from playwright.sync_api import sync_playwright
 
     from holdover.bridge.service import Bridge, BridgeThread
     from holdover.lab.apc_nis import NisPeer
@@ -398,31 +397,25 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
             with serving(SimpleNamespace(bridge=bt)) as client:
                 u = client.get("/api/ups").json()
                 assert (u["name"], u["status"], u["runtime_s"], u["guess"]) == ("apcupsd@127.0.0.1", "OL", 900, False)
-                with sync_playwright() as p:
-                    browser = _browser(p)
-                    try:
-                        page = browser.new_page(viewport={"width": 412, "height": 915})
-                        page.goto(str(client.base_url))
-                        page.wait_for_selector("#live.ok", timeout=10000)
-                        assert page.locator('#ups [data-k="ups-status"]').inner_text() == "on line power"
-                        nis.set(STATUS="ONBATT", TIMELEFT="7.5 Minutes", BCHARGE="91.0 Percent")
-                        page.wait_for_selector('#ups [data-k="ups-status"].bad', timeout=5000)
-                        text = page.locator("#ups").inner_text()
-                        assert "ON BATTERY" in text and "91 %" in text and "7 min 30 s left" in text, text
-                        assert "an emergency's deadline: UPS apcupsd@127.0.0.1: 450 s left" in text, text
-                        page.screenshot(path=str(ARTIFACTS / "dashboard-host-ups.png"), full_page=True)
-                        metrics = client.get("/metrics").text
-                        assert 'holdover_ups_on_battery{ups="apcupsd@127.0.0.1"} 1.0' in metrics
-                        assert 'holdover_ups_runtime_seconds{ups="apcupsd@127.0.0.1"} 450.0' in metrics
-                        promtool_check(metrics)
-                        nis.close()  # apcupsd gone: named, and the deadline a guess
-                        page.wait_for_selector('#ups [data-k="deadline"].warn', timeout=10000)
-                        text = page.locator("#ups").inner_text()
-                        assert "cannot reach apcupsd at 127.0.0.1" in text and "runtime_default 600 s, a guess" in text
-                        metrics = client.get("/metrics").text
-                        assert 'holdover_ups_readable{ups="apcupsd@127.0.0.1"} 0.0' in metrics
-                        assert "holdover_ups_runtime_seconds" not in metrics  # not read: not a number
-                    finally:
-                        browser.close()
+                with phone(client) as page:
+                    page.wait_for_selector("#live.ok", timeout=10000)
+                    assert page.locator('#ups [data-k="ups-status"]').inner_text() == "on line power"
+                    nis.set(STATUS="ONBATT", TIMELEFT="7.5 Minutes", BCHARGE="91.0 Percent")
+                    page.wait_for_selector('#ups [data-k="ups-status"].bad', timeout=5000)
+                    text = page.locator("#ups").inner_text()
+                    assert "ON BATTERY" in text and "91 %" in text and "7 min 30 s left" in text, text
+                    assert "an emergency's deadline: UPS apcupsd@127.0.0.1: 450 s left" in text, text
+                    page.screenshot(path=str(ARTIFACTS / "dashboard-host-ups.png"), full_page=True)
+                    metrics = client.get("/metrics").text
+                    assert 'holdover_ups_on_battery{ups="apcupsd@127.0.0.1"} 1.0' in metrics
+                    assert 'holdover_ups_runtime_seconds{ups="apcupsd@127.0.0.1"} 450.0' in metrics
+                    promtool_check(metrics)
+                    nis.close()  # apcupsd gone: named, and the deadline a guess
+                    page.wait_for_selector('#ups [data-k="deadline"].warn', timeout=10000)
+                    text = page.locator("#ups").inner_text()
+                    assert "cannot reach apcupsd at 127.0.0.1" in text and "runtime_default 600 s, a guess" in text
+                    metrics = client.get("/metrics").text
+                    assert 'holdover_ups_readable{ups="apcupsd@127.0.0.1"} 0.0' in metrics
+                    assert "holdover_ups_runtime_seconds" not in metrics  # not read: not a number
         finally:
             bt.stop()

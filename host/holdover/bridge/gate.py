@@ -31,7 +31,7 @@ class Verdict:
     state: dict[str, Any] | None = None  # set for an accepted state snapshot
     status: str | None = None  # set for an accepted status message
     ack: dict[str, Any] | None = None  # set for an accepted command answer
-    relay_set: bool | None = None  # set for a Home Assistant switch command (unsigned; forwarded signed)
+    relay_set: tuple[str, int] | None = None  # (op, ms) from Home Assistant (unsigned; forwarded signed)
     receipt: tuple[str, int] | None = None  # (boot, seq) of an event journaled, now or before: acknowledge it
     reason: str | None = None
     detail: str = ""
@@ -99,10 +99,19 @@ class Gate:
             return self._reject(
                 "mqtt", topic, payload, protocol.RETAINED, "a switch command must not be retained", sid=sid
             )
-        word = payload.strip().upper()
-        if word not in (b"ON", b"OFF"):
-            return self._reject("mqtt", topic, payload, protocol.MALFORMED, "relay/set takes ON or OFF", sid=sid)
-        return Verdict(True, leaf=protocol.RELAY_SET, sid=sid, relay_set=word == b"ON")
+        words = payload.strip().upper().split()
+        if words in ([b"ON"], [b"OFF"]):
+            return Verdict(True, leaf=protocol.RELAY_SET, sid=sid, relay_set=(words[0].decode().lower(), 0))
+        # The "Power-cycle modem" button sends PULSE and the board's own cycle_ms (its discovery says).
+        if (
+            len(words) == 2
+            and words[0] == b"PULSE"
+            and words[1].isdigit()
+            and 50 <= int(words[1]) <= protocol.PULSE_MAX_MS
+        ):
+            return Verdict(True, leaf=protocol.RELAY_SET, sid=sid, relay_set=(protocol.OP_PULSE, int(words[1])))
+        why = f"relay/set takes ON, OFF or PULSE MS (50..{protocol.PULSE_MAX_MS})"
+        return self._reject("mqtt", topic, payload, protocol.MALFORMED, why, sid=sid)
 
     def _signed(
         self, source: str, topic: str | None, payload: bytes, sid: str, leaf: str | None, retained: bool

@@ -131,7 +131,7 @@ class Bridge:
                 view.last_ack = v.ack["data"]
                 log.info("ack from %s: %s", v.sid, v.ack["data"])
             elif v.relay_set is not None:
-                self._relay_set(v.sid, v.relay_set)
+                self._relay_set(v.sid, *v.relay_set)
             elif v.status is not None:
                 view.status = v.status
                 self.presence.status(v.sid, v.status, item.retained)
@@ -262,13 +262,13 @@ class Bridge:
             raise command.CommandError(f"{sid}: neither the broker nor a serial port is reachable")
         return cid
 
-    def _relay_set(self, sid: str, on: bool) -> None:
+    def _relay_set(self, sid: str, op: str, ms: int) -> None:
         if not self.settings.mqtt.ha_commands:
             log.warning("relay/set for %s ignored: mqtt.ha_commands is off", sid)
             return
         try:
-            cid = self.send_command(sid, protocol.OP_ON if on else protocol.OP_OFF)
-            log.info("Home Assistant: relay %s for %s (command %s)", "on" if on else "off", sid, cid)
+            cid = self.send_command(sid, op, ms)
+            log.info("Home Assistant: relay %s%s for %s (command %s)", op, f" {ms} ms" if ms else "", sid, cid)
         except command.CommandError as e:
             log.warning("Home Assistant relay/set not forwarded: %s", e)
 
