@@ -81,13 +81,13 @@ def _journal(path: Path, good: bool) -> None:
 
 
 def _doctor(
-    tmp_path: Path, lab: NetLab, broker_port: int, hook: str, ups: dict | None = None
+    tmp_path: Path, lab: NetLab, broker_port: int, hook: str, ups: dict | None = None, keep_days: float = 7
 ) -> tuple[int, dict[str, dict]]:
     cfg = {
         **({"ups": ups} if ups else {}),
         "hooks": [{"events": ["mains_lost"], "run": hook}],
         "mqtt": {"port": broker_port},
-        "journal": {"path": str(tmp_path / "journal.db")},
+        "journal": {"path": str(tmp_path / "journal.db"), "keep_routine_days": keep_days},
         "sentinels": [{"id": "rack1", "key": KEY}],
         "protect": {"registry": str(tmp_path / "registry"), "grace": 10.0, "margin": 60.0},
         "failover": {
@@ -124,7 +124,8 @@ def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
             subprocess.run(["tmux", "-S", str(tmp_path / "tmux.sock"), "kill-server"], capture_output=True)
     assert {c["status"] for c in checks.values()} <= {"pass", "skip"}, json.dumps(checks, indent=1)
     assert rc == 0
-    assert len(checks) == 12 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    assert len(checks) == 13 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    assert "MB; heartbeats and refused messages kept 7 days" in checks["the journal's size is bounded"]["detail"]
     assert checks["the host's UPS sets the deadline"]["detail"].endswith(": OL, 100 %, 600 s left, load 40 %")
     fits = checks["an emergency checkpoint of exp1 fits the UPS's runtime"]["detail"]
     assert fits == "the last took 20 s; 530 s left to save in (UPS hostups's runtime 600 s)"
@@ -138,7 +139,7 @@ def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: 
         lab.silence(BACKUP)
         child = _run(tmp_path, in_tmux=False, nbytes=10**18, seconds=900)
         try:
-            rc, checks = _doctor(tmp_path, lab, free_port(), hook="/usr/local/bin/no-such-hook --now")
+            rc, checks = _doctor(tmp_path, lab, free_port(), hook="/usr/local/bin/no-such-hook --now", keep_days=0)
         finally:
             assert child is not None
             child.kill()
@@ -155,6 +156,7 @@ def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: 
         "the broker answers": ("fail", "cannot connect"),
         "every hook's program is there": ("fail", "mains_lost: /usr/local/bin/no-such-hook: no such file"),
         "sentinel rack1 is heard": ("fail", "offline (its last will)"),
+        "the journal's size is bounded": ("warn", "heartbeats kept forever (~12 MB a month for 1 sentinel(s))"),
     }
     for name, (status, words) in want.items():
         assert checks[name]["status"] == status and words in checks[name]["detail"], checks[name]
