@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
@@ -21,10 +20,6 @@ from holdover.cli.common import (
     wing,
 )
 from holdover.errors import FAILED
-
-if TYPE_CHECKING:
-    from holdover.node.ups import UpsReading
-    from holdover.settings import Settings
 
 app = wing()
 
@@ -193,11 +188,12 @@ def status(
     from holdover.events import duration
     from holdover.journal import Journal
     from holdover.node import launch
+    from holdover.node.ups import read_once
     from holdover.web import snapshot
 
     cfg = load_config(config)
     journal_exists(cfg)
-    reading, problem = _read_ups(cfg)
+    reading, problem = read_once(cfg.ups)
     with Journal(cfg.journal.path, readonly=True) as j:
         st = {
             "config": str(config.resolve()),
@@ -262,22 +258,6 @@ def status(
     )
 
 
-def _read_ups(cfg: Settings) -> tuple[UpsReading | None, str | None]:
-    """The host's UPS, read once as upsc would (the bridge need not run): (reading, problem)."""
-    from holdover.node.nut_client import NutError
-    from holdover.node.ups import UpsReader
-
-    if not cfg.ups.enabled:
-        return None, None
-    reader = UpsReader(cfg.ups)
-    try:
-        return reader.read(), None
-    except NutError as e:
-        return None, str(e)
-    finally:
-        reader.close()
-
-
 @app.command(rich_help_panel=RUN)
 def get(
     what: str = typer.Argument(..., help="A sentinel's id, or `ups` for the host's UPS."),
@@ -288,11 +268,12 @@ def get(
     import difflib
 
     from holdover.journal import Journal
+    from holdover.node.ups import read_once
     from holdover.web import snapshot
 
     cfg = load_config(config)
     if what == "ups":
-        found = snapshot.ups(cfg, *_read_ups(cfg))
+        found = snapshot.ups(cfg, *read_once(cfg.ups))
     else:
         journal_exists(cfg)
         with Journal(cfg.journal.path, readonly=True) as j:
@@ -374,6 +355,7 @@ def events(
 
     from holdover import events as kinds
     from holdover.journal import Event, Journal
+    from holdover.web import snapshot
 
     cfg = load_config(config)
     if kind is not None and kind not in kinds.TABLE:
@@ -395,11 +377,12 @@ def events(
 
     with Journal(cfg.journal.path, readonly=True) as j:
         exclude = () if routine or kind else tuple(kinds.ROUTINE)
-        rows = list(reversed(j.events(sid=sentinel, kind=kind, limit=limit, exclude=exclude)))
+        page = j.events(sid=sentinel, kind=kind, limit=limit, exclude=exclude)
+        rows = list(reversed(page))
         for e in rows:
             show(e)
         if exclude and not as_json:
-            n = j.count(exclude, sentinel, rows[0].id if len(rows) == limit else 0)
+            n = sum(snapshot.folded(j, exclude, sentinel, page, limit).values())
             if n:
                 typer.echo(f"({n} heartbeats in that span not listed: --routine lists them)", err=True)
         last = rows[-1].id if rows else 0

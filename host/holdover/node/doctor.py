@@ -23,8 +23,7 @@ from holdover.journal import Journal
 from holdover.mqtt_session import SessionError, session
 from holdover.node import targets as targets_mod
 from holdover.node.checks import FAIL, PASS, SKIP, WARN, Check
-from holdover.node.nut_client import NutError
-from holdover.node.ups import UpsReader, UpsReading
+from holdover.node.ups import UpsReading, read_once
 from holdover.settings import Settings
 
 # A sentinel states every 30 s by default; three missed in a row is not a slow network.
@@ -153,12 +152,13 @@ class Doctor:
         if not u.source:
             why = f"[ups] runtime_s = {u.runtime_s:.0f} s: a fixed guess, not read from the UPS"
             return Check(name, WARN, why, "read the UPS through NUT: [ups] nut (or apcupsd)")
-        try:
-            self._ups = UpsReader(u).read()
-        except NutError as e:
+        self._ups, problem = read_once(u)
+        if self._ups is None:
             if u.apcupsd:
-                return Check(name, FAIL, str(e), f"is apcupsd running with NETSERVER on? (apcaccess -h {u.apcupsd})")
-            return Check(name, FAIL, str(e), "is upsd running, and the UPS's name right? (upsc -l HOST)")
+                return Check(
+                    name, FAIL, str(problem), f"is apcupsd running with NETSERVER on? (apcaccess -h {u.apcupsd})"
+                )
+            return Check(name, FAIL, str(problem), "is upsd running, and the UPS's name right? (upsc -l HOST)")
         if self._ups.runtime_s is None:
             why = f"{u.source}: {self._ups.describe()}: the deadline falls back to runtime_default, a guess"
             return Check(name, WARN, why, "set [ups] runtime_s to the UPS's runtime at your load")

@@ -125,6 +125,20 @@ class UpsReader:
             self._client = None
 
 
+def read_once(settings: UpsSettings) -> tuple[UpsReading | None, str | None]:
+    """The host's UPS read once, as upsc would (for commands; the bridge need not run), its
+    connection closed after: (the reading, None), (None, what is wrong), or (None, None) with no [ups]."""
+    if not settings.enabled:
+        return None, None
+    reader = UpsReader(settings)
+    try:
+        return reader.read(), None
+    except NutError as e:
+        return None, str(e)
+    finally:
+        reader.close()
+
+
 class UpsWatch(Polling):
     """A Reaction: reads the UPS every poll_s, raises its transitions, and hears the sentinels'
     mains events to notice when the two disagree."""

@@ -83,8 +83,9 @@ def history(journal: Journal, limit: int = 50, since: float | None = None) -> li
                 done.append(o)
     out = sorted(open_.values(), key=lambda o: -o["start"]) + list(reversed(done))
     out = out[:limit]
-    rescues = RescueLedger(journal).rescues() if out else []
-    steps = RescueLedger(journal).steps() if rescues else []
+    ledger = RescueLedger(journal)
+    rescues = ledger.rescues() if out else []
+    steps = ledger.steps() if rescues else []
     for o in out:
         _describe(o, rescues, steps)
     return out
@@ -121,12 +122,11 @@ def banner(
     journal: Journal,
     ups: dict[str, Any] | None = None,
     rescue: dict[str, Any] | None = None,
-    runs: int | None = None,
 ) -> dict[str, Any]:
     """The page's first line: what is wrong and since when, the host's time left, what holdover is
     doing, and what to do; or, after one, how long it lasted and what was saved.
 
-    `ups` is snapshot.ups(); `rescue` the Rescuer's view(); `runs` how many protected runs are known."""
+    `ups` is snapshot.ups(); `rescue` the Rescuer's view()."""
     found = history(journal, limit=5)
     now = time.time()
     current = [o for o in found if o["open"]]
@@ -172,7 +172,7 @@ def banner(
             if p.get("bytes_total"):
                 pct = round(100 * (p.get("bytes_done") or 0) / p["bytes_total"])
             progress.append({"run": p.get("name", key), "state": p.get("state"), "pct": pct})
-        n = len(progress) or runs or 0
+        n = len(progress)
         out.update(
             phase="saving",
             doing=f"checkpointing {n} run{'s' if n != 1 else ''}",
@@ -185,7 +185,7 @@ def banner(
         saved = ", ".join(f"{s['run']} at step {s['step']}, verified" for s in o["saved"])
         out.update(phase="saved", doing=f"saved: {saved or 'dumped (gcore)'}")
     else:
-        out.update(phase="watching", doing="watching: no protected run to save" if not runs else "checkpoints done")
+        out.update(phase="watching", doing="watching: no protected run to save")
     out["next"] = NEXT[out["phase"]]
     out["saved"], out["lost"] = o["saved"], o["lost"]
     return out

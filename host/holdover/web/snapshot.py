@@ -11,9 +11,9 @@ from typing import Any
 
 from holdover import events
 from holdover.firmware import protocol
-from holdover.journal import Journal
+from holdover.journal import Event, Journal
 from holdover.node.rescue_ledger import RescueLedger
-from holdover.node.ups import UpsReading
+from holdover.node.ups import UpsReading, UpsWatch
 from holdover.settings import Settings
 
 
@@ -107,19 +107,33 @@ def ups(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, A
     else:
         why = problem or ("no [ups]" if not u.enabled else f"UPS {u.name} reports no battery.runtime")
         deadline = f"[protect] runtime_default {default:.0f} s, a guess ({why})"
-    live = r is not None and not r.fixed and problem is None
+    live = r if r is not None and not r.fixed and problem is None else None  # read from a UPS, now
     return {
         "configured": u.enabled,
         "name": u.name if u.enabled else None,
         "source": u.source or ("[ups] runtime_s" if u.runtime_s else None),
-        "status": " ".join(sorted(r.status)) if live and r else None,
-        "on_battery": r.on_battery if live and r else None,
-        "low": r.low(u.low_runtime_s) if live and r else None,
-        "charge": r.charge if live and r else None,
+        "status": " ".join(sorted(live.status)) if live else None,
+        "on_battery": live.on_battery if live else None,
+        "low": live.low(u.low_runtime_s) if live else None,
+        "charge": live.charge if live else None,
         "runtime_s": round(r.runtime_s) if r is not None and r.runtime_s is not None and problem is None else None,
-        "load": r.load if live and r else None,
+        "load": live.load if live else None,
         "read_age_s": _age(r.at) if r is not None else None,
         "problem": problem,
         "deadline_from": deadline,
         "guess": not known or bool(r and r.fixed),
     }
+
+
+def watched_ups(cfg: Settings, watch: UpsWatch | None) -> dict[str, Any]:
+    """ups() from a running bridge's watch (its last read), for the API, the banner and /metrics."""
+    return ups(cfg, watch.latest if watch else None, watch.problem if watch else None)
+
+
+def folded(
+    journal: Journal, kinds: tuple[str, ...], sid: str | None, page: list[Event], limit: int, before: int | None = None
+) -> dict[str, int]:
+    """How many events of the left-out `kinds` fall in the span a page of events (newest first)
+    covers: a full page reaches back to its oldest event, a short one to the journal's start."""
+    lo = page[-1].id if page and len(page) == limit else 0
+    return {k: n for k in kinds if (n := journal.count([k], sid, lo, before))}

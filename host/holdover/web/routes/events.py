@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from holdover import events as kinds
 from holdover.bridge.service import Bridge
+from holdover.web import snapshot
 from holdover.web.routes.deps import bridge
 
 router = APIRouter(prefix="/api/events", tags=["events"])
@@ -50,14 +51,7 @@ async def list_events(
     exclude = () if routine or kind else tuple(kinds.ROUTINE)
     rows = b.journal.events(sid=sentinel, kind=kind, limit=limit, before=before, exclude=exclude)
     items = [_row(e) for e in rows]
-    folded = {}
-    if exclude:
-        full = len(items) == limit  # a full page covers back to its oldest item; a short one, to the start
-        lo = items[-1]["id"] if items and full else 0
-        for k in exclude:
-            n = b.journal.count([k], sentinel, lo, before)
-            if n:
-                folded[k] = n
+    folded = snapshot.folded(b.journal, exclude, sentinel, rows, limit, before)
     return {"items": items, "next_before": items[-1]["id"] if len(items) == limit else None, "folded": folded}
 
 

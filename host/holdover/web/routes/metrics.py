@@ -75,26 +75,21 @@ class BridgeCollector(Collector):
             yield CounterMetricFamily("holdover_failover_switches", "route switches", value=b.failover.switches)
 
     def _ups(self) -> Iterator[GaugeMetricFamily]:
-        w = self.bridge.ups
-        if w is None:
+        u = snapshot.watched_ups(self.bridge.settings, self.bridge.ups)
+        if not u["configured"]:
             return
-        name = w.s.name
-        r = w.latest if w.problem is None else None
+        name = u["name"]
         readable = GaugeMetricFamily("holdover_ups_readable", "1 if the host's UPS answers", labels=["ups"])
-        readable.add_metric([name], 0.0 if w.problem else 1.0)
+        readable.add_metric([name], 0.0 if u["problem"] else 1.0)
         yield readable
-        if r is None or r.fixed:
+        if u["status"] is None:  # not read from a UPS now: nothing to say of it
             return
         for metric, help_, value in (
-            ("holdover_ups_on_battery", "1 if the host's UPS is on battery (OB)", 1.0 if r.on_battery else 0.0),
-            (
-                "holdover_ups_low_battery",
-                "1 at low battery (LB, FSD or under low_runtime_s)",
-                float(r.low(w.s.low_runtime_s)),
-            ),
-            ("holdover_ups_runtime_seconds", "the host's UPS: runtime left (the rescue's clock)", r.runtime_s),
-            ("holdover_ups_charge_percent", "the host's UPS: battery charge", r.charge),
-            ("holdover_ups_load_percent", "the host's UPS: load", r.load),
+            ("holdover_ups_on_battery", "1 if the host's UPS is on battery (OB)", u["on_battery"]),
+            ("holdover_ups_low_battery", "1 at low battery (LB, FSD or under low_runtime_s)", u["low"]),
+            ("holdover_ups_runtime_seconds", "the host's UPS: runtime left (the rescue's clock)", u["runtime_s"]),
+            ("holdover_ups_charge_percent", "the host's UPS: battery charge", u["charge"]),
+            ("holdover_ups_load_percent", "the host's UPS: load", u["load"]),
         ):
             if value is not None:
                 fam = GaugeMetricFamily(metric, help_, labels=["ups"])

@@ -25,6 +25,4 @@ async def list_outages(
 @router.get("/now")
 async def banner(b: Bridge = Depends(bridge)) -> dict[str, Any]:
     """What is wrong and since when, the host's time left, what holdover is doing, what to do."""
-    w = b.ups
-    ups = snapshot.ups(b.settings, w.latest if w else None, w.problem if w else None)
-    return outages.banner(b.journal, ups, b.rescuer.view())
+    return outages.banner(b.journal, snapshot.watched_ups(b.settings, b.ups), b.rescuer.view())

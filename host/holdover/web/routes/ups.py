@@ -15,5 +15,4 @@ router = APIRouter(prefix="/api/ups", tags=["ups"])
 
 @router.get("")
 async def ups_state(b: Bridge = Depends(bridge)) -> dict[str, Any]:
-    w = b.ups
-    return snapshot.ups(b.settings, w.latest if w else None, w.problem if w else None)
+    return snapshot.watched_ups(b.settings, b.ups)
