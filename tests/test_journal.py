@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from holdover.bridge.alert_outbox import AlertOutbox
-from holdover.bridge.history import History
+from holdover.bridge.history import History, UpsHistory
 from holdover.journal import VERSION, Journal, JournalError
 from holdover.node.datacap import DataUsage
 from holdover.node.rescue_ledger import RescueLedger
@@ -29,6 +29,10 @@ def _old_journal(path: Path, drop_seen_ts: bool = False) -> Path:
     return path
 
 
+def _history(s: dict) -> list[tuple]:
+    return list(zip(s["battery_v"], s["rtt_ms"], s["battery_pct"], s["loss_pct"], strict=True))
+
+
 def _every_row(j: Journal) -> dict[str, object]:
     return {
         "events": [(e.sid, e.boot, e.seq, e.kind, e.source, e.data) for e in reversed(j.events())],
@@ -40,7 +44,7 @@ def _every_row(j: Journal) -> dict[str, object]:
         "steps": [(s["target"], s["pid"], s["action"], s["detail"]) for s in RescueLedger(j).steps()],
         "alerts": [(a["channel"], a["kind"], a["sent"], a["attempts"], a["error"]) for a in AlertOutbox(j).alerts()],
         "usage": (DataUsage(j).alerted("2026-12", "wwan0"),),
-        "history": [(v, r) for _t, v, r in History(j).points("rack1", 0)],
+        "history": _history(History(j).series("rack1", hours=20 * 365 * 24)),
     }
 
 
@@ -73,7 +77,7 @@ WANT = {
     ],
     "alerts": [("phone", "mains_lost", 1764800001.0, 0, None), ("phone", "mains_back", None, 1, "HTTP 503")],
     "usage": (0.8,),
-    "history": [(3.9, 9.0)],
+    "history": [(3.9, 9.0, None, None)],
 }
 
 
@@ -116,7 +120,7 @@ def test_a_ledger_on_a_read_only_journal_without_its_tables_reads_as_empty(tmp_p
     with Journal(tmp_path / "j.db", readonly=True) as j:
         assert RescueLedger(j).steps() == [] and RescueLedger(j).rescues() == []
         assert AlertOutbox(j).alerts() == [] and AlertOutbox(j).unsent() == {}
-        assert History(j).points("x", 0) == []
+        assert History(j).series("x", 6)["t"] == [] and UpsHistory(j).series("ups", 6)["t"] == []
         assert DataUsage(j).alerted("2026-12", "wwan0") == 0.0
 
 

@@ -22,7 +22,7 @@ from holdover.lab.targets import TcpTarget
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import WebSettings
 from holdover.web.server import make_server
-from support import HOLDOVER, wait_for
+from support import HOLDOVER, KEY, wait_for
 
 TOKEN = "0f3b8c1d9e2a4b5c6d7e8f90a1b2c3d4"
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,21 +355,30 @@ def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) ->
             rig.control.send(mains=True)
             rig.wait("mains_restored", 5, since)
         with serving(rig) as client:
-            points = client.get("/api/sentinels/demo/history", params={"hours": 1}).json()["points"]
-            volts = [v for _t, v, _r in points if v is not None]
-            rtts = [r for _t, _v, r in points if r is not None]
-            assert len(volts) >= 4 and all(3.0 < v < 4.5 for v in volts), points  # a 1S Li-ion's range
-            assert len(rtts) >= 4 and all(0 <= r < 500 for r in rtts), points
+            # The last 3 minutes, in buckets of a quarter second: each state its own point.
+            h = client.get("/api/sentinels/demo/history", params={"hours": 0.05}).json()
+            volts = [v for v in h["battery_v"] if v is not None]
+            pcts = [v for v in h["battery_pct"] if v is not None]
+            rtts = [r for r in h["rtt_ms"] if r is not None]
+            assert len(volts) >= 4 and all(3.0 < v < 4.5 for v in volts), h  # a 1S Li-ion's range
+            assert len(pcts) == len(volts) and all(0 <= p <= 100 for p in pcts), h
+            assert len(rtts) >= 4 and all(0 <= r < 500 for r in rtts), h
+            assert set(h["loss_pct"]) <= {0.0, None} and len(h["t"]) == len(h["rtt_ms"]), h  # the target answers
             metrics = client.get("/metrics").text
             assert 'holdover_probe_rtt_seconds{sentinel="demo",target="tcp 127.0.0.1:' in metrics
             assert 'holdover_battery_percent{sentinel="demo"}' in metrics
             promtool_check(metrics)
+            six = len(client.get("/api/sentinels/demo/history", params={"hours": 6}).json()["t"])
             with phone(client) as page:
-                for series in ("battery", "RTT"):
-                    line = page.locator(f'[data-sid="demo"] svg.spark[data-series="{series}"] polyline')
-                    line.wait_for(state="attached", timeout=5000)  # a flat line has no height
+                for chart in ("demo/battery", "demo/probes"):
+                    drawn = page.locator(f'.chart[data-chart="{chart}"]')
+                    drawn.locator("canvas").wait_for(timeout=5000)
                     # At least what the API gave a moment ago: the sentinel may have sent a state since.
-                    assert len(line.get_attribute("points").split()) >= len(volts if series == "battery" else rtts)
+                    assert int(drawn.get_attribute("data-points")) >= six >= 1
+                legend = page.locator('.chart[data-chart="demo/battery"] .u-legend').inner_text()
+                assert "charge" in legend and "cell" in legend, legend
+                title = page.locator('.chart[data-chart="demo/battery"] .title').inner_text()
+                assert title == "demo: the sentinel's own battery (not the host's)"
                 page.screenshot(path=str(ARTIFACTS / "dashboard-history.png"), full_page=True)
     finally:
         target.stop()
@@ -391,7 +400,9 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
                 "protect": {"registry": str(tmp_path / "reg"), "grace": 60},
             }
         )
-        bt = BridgeThread(Bridge(cfg)).start()
+        bridge = Bridge(cfg)
+        bridge.ups_history.every_s = 0.0
+        bt = BridgeThread(bridge).start()
         try:
             wait_for(lambda: bt.bridge.ups is not None and bt.bridge.ups.latest is not None, 10, "the first read")
             with serving(SimpleNamespace(bridge=bt)) as client:
@@ -405,6 +416,12 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
                     text = page.locator("#ups").inner_text()
                     assert "ON BATTERY" in text and "91 %" in text and "7 min 30 s left" in text, text
                     assert "an emergency's deadline: UPS apcupsd@127.0.0.1: 450 s left" in text, text
+                    # Each read is a point of the UPS's history (one per every_s; every read here).
+                    wait_for(lambda: 450.0 in client.get("/api/ups/history").json()["runtime_s"], 5, "450 s plotted")
+                    h = client.get("/api/ups/history").json()
+                    assert (
+                        h["ups"] == "apcupsd@127.0.0.1" and h["on_battery"][-1] == 1.0 and h["runtime_s"][-1] == 450
+                    ), h
                     page.screenshot(path=str(ARTIFACTS / "dashboard-host-ups.png"), full_page=True)
                     metrics = client.get("/metrics").text
                     assert 'holdover_ups_on_battery{ups="apcupsd@127.0.0.1"} 1.0' in metrics
@@ -417,5 +434,93 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
                     metrics = client.get("/metrics").text
                     assert 'holdover_ups_readable{ups="apcupsd@127.0.0.1"} 0.0' in metrics
                     assert "holdover_ups_runtime_seconds" not in metrics  # not read: not a number
+        finally:
+            bt.stop()
+
+
+def _a_week(path: Path, now: float) -> None:
+    """A week of a sentinel's and the UPS's history, as a bridge would have kept it: a 3-hour cut
+    two days ago (the UPS ran down to 5 minutes, the sentinel's cell to 60 %), and the bridge down
+    for 2 hours until 3 hours ago."""
+    import math
+
+    from holdover.bridge.history import History, UpsHistory
+
+    with Journal(path) as j:
+        h, u = History(j), UpsHistory(j)
+        cut = (now - 2 * 86400 - 3 * 3600, now - 2 * 86400)
+        with j.db:
+            for ts in range(int(now - 7 * 86400), int(now), 60):
+                if now - 5 * 3600 < ts < now - 3 * 3600:
+                    continue
+                out = cut[0] <= ts < cut[1]
+                into = (ts - cut[0]) / (cut[1] - cut[0]) if out else 0.0
+                wave = math.sin(ts / 3000)
+                j.db.execute(
+                    "INSERT INTO samples (sid, ts, battery_pct, battery_v, rtt_ms, loss_pct) VALUES (?,?,?,?,?,?)",
+                    (
+                        "rack1",
+                        ts,
+                        96 - 36 * into,
+                        4.12 - 0.4 * into,
+                        18 + 6 * wave + (40 if out else 0),
+                        30 if out else 0,
+                    ),
+                )
+                j.db.execute(
+                    "INSERT INTO ups_samples (ups, ts, runtime_s, charge_pct, on_battery) VALUES (?,?,?,?,?)",
+                    ("apcupsd@127.0.0.1", ts, 1800 - 1500 * into, 100 - 60 * into, int(out)),
+                )
+        assert h.series("rack1", 168)["t"] and u.series("apcupsd@127.0.0.1", 168)["t"]
+
+
+def test_a_week_of_history_is_plotted_with_times_units_and_a_chosen_span(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from playwright.sync_api import sync_playwright
+
+    from holdover.bridge.service import Bridge, BridgeThread
+    from holdover.lab.apc_nis import NisPeer
+    from holdover.settings import Settings
+
+    _a_week(tmp_path / "j.db", time.time())
+    with NisPeer() as nis:
+        cfg = Settings.model_validate(
+            {
+                "mqtt": {"port": free_port()},
+                "journal": {"path": str(tmp_path / "j.db")},
+                "ups": {"apcupsd": f"127.0.0.1:{nis.port}", "poll_s": 5},
+                "protect": {"registry": str(tmp_path / "reg")},
+                "sentinels": [{"id": "rack1", "key": KEY}],
+            }
+        )
+        bt = BridgeThread(Bridge(cfg)).start()
+        try:
+            with serving(SimpleNamespace(bridge=bt)) as client:
+                week = client.get("/api/ups/history", params={"hours": 168}).json()
+                assert 600 <= len(week["t"]) <= 721 and min(r for r in week["runtime_s"] if r is not None) < 400
+                with sync_playwright() as p:
+                    browser = _browser(p)
+                    try:
+                        for name, size in (("laptop", (1280, 900)), ("phone", (412, 915))):
+                            page = browser.new_page(viewport=dict(zip(("width", "height"), size, strict=True)))
+                            page.goto(str(client.base_url))
+                            charts = page.locator(".chart canvas")
+                            charts.nth(2).wait_for(timeout=10000)
+                            keys = [c.get_attribute("data-chart") for c in page.locator(".chart").all()]
+                            assert keys == ["ups", "rack1/battery", "rack1/probes"], keys
+                            # 6 h: 4 hours of points a minute in 30 s buckets, and one break in the line
+                            # for the 2 hours the bridge was down.
+                            six = int(page.locator('.chart[data-chart="ups"]').get_attribute("data-points"))
+                            assert 240 <= six <= 243, six
+                            page.click('#ranges button[data-h="168"]')
+                            page.wait_for_selector('.chart[data-chart="ups"][data-hours="168"] canvas', timeout=5000)
+                            assert page.locator('#ranges button[aria-pressed="true"]').inner_text() == "7 d"
+                            legend = page.locator('.chart[data-chart="ups"] .u-legend').inner_text()
+                            assert "runtime left" in legend and "charge" in legend, legend
+                            page.screenshot(path=str(ARTIFACTS / f"dashboard-week-{name}.png"), full_page=True)
+                            page.close()
+                    finally:
+                        browser.close()
         finally:
             bt.stop()

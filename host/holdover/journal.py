@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS sentinels (
     seen_ts REAL
 );
 """
-VERSION = 2
+VERSION = 3
 # Kept only for [journal] keep_routine_days (events.ROUTINE names them for people; the journal
 # cannot import events, which imports it).
 ROUTINE_KINDS = ("heartbeat",)
@@ -99,10 +99,24 @@ def _add_seen_ts(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE sentinels ADD COLUMN seen_ts REAL")
 
 
+def _widen_samples(db: sqlite3.Connection) -> None:
+    # The history ledger's table (bridge/history.py), if this journal has one: a ledger's DDL
+    # creates what is missing but cannot add a column to what is there.
+    have = {r[1] for r in db.execute("PRAGMA table_info(samples)")}
+    for column in ("battery_pct", "loss_pct"):
+        if have and column not in have:
+            db.execute(f"ALTER TABLE samples ADD COLUMN {column} REAL")
+
+
 # (the version it brings a journal to, what it does). Version 1: the first numbered schema, the
 # journals of b674fac and before (user_version 0) plus the column some of them still lack.
-# Version 2: the `pruned` table (SCHEMA creates it; nothing else changes).
-MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [(1, _add_seen_ts), (2, lambda _db: None)]
+# Version 2: the `pruned` table (SCHEMA creates it; nothing else changes). Version 3: the
+# history's samples gain the sentinel's battery percent and its probes' loss.
+MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
+    (1, _add_seen_ts),
+    (2, lambda _db: None),
+    (3, _widen_samples),
+]
 
 
 def _statements(script: str) -> list[str]:

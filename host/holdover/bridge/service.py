@@ -18,6 +18,7 @@ from holdover import events
 from holdover.bridge import commands as command
 from holdover.bridge.alerts import Alerts
 from holdover.bridge.gate import Gate, Verdict
+from holdover.bridge.history import UpsHistory
 from holdover.bridge.hooks import HookRunner
 from holdover.bridge.mqtt_link import Inbound, MqttLink
 from holdover.bridge.nut_serve import NutServe
@@ -35,7 +36,7 @@ from holdover.node.hotplug import Hotplug
 from holdover.node.netlink import open_handle
 from holdover.node.rescue import Rescuer, no_runtime
 from holdover.node.systemd import Notifier
-from holdover.node.ups import UpsWatch
+from holdover.node.ups import UpsReading, UpsWatch
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")
@@ -70,7 +71,10 @@ class Bridge:
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
         # The host's UPS sets the rescue's deadline; without one it is protect.runtime_default, a guess.
-        self.ups = UpsWatch(self.settings.ups, self.node_event) if self.settings.ups.enabled else None
+        self.ups_history = UpsHistory(self.journal)
+        self.ups = (
+            UpsWatch(self.settings.ups, self.node_event, on_read=self._ups_read) if self.settings.ups.enabled else None
+        )
         runtime = self.ups.runtime if self.ups is not None else no_runtime
         self.rescuer = Rescuer(self.settings.protect, self.journal, self._react, runtime)
         dongle = Dongle(self.settings.dongle) if self.settings.dongle.enabled else None
@@ -206,6 +210,10 @@ class Bridge:
             if s.url == item.port:
                 # A serial write waits for the UART; off the loop, which must keep taking events.
                 asyncio.get_running_loop().run_in_executor(None, s.write, payload)
+
+    def _ups_read(self, r: UpsReading) -> None:
+        with self.journal.guard(f"keeping the history of UPS {self.settings.ups.name}"):
+            self.ups_history.record(self.settings.ups.name, r.runtime_s, r.charge, r.on_battery)
 
     def node_event(self, kind: str, data: dict[str, Any]) -> Event:
         """An event about this machine (failover, a checkpoint asked for): journaled under NODE,

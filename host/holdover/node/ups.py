@@ -148,8 +148,10 @@ class UpsWatch(Polling):
         settings: UpsSettings,
         raise_event: Callable[[str, dict[str, Any]], Event],
         reader: UpsReader | None = None,
+        on_read: Callable[[UpsReading], None] | None = None,
     ) -> None:
         self.s = settings
+        self.on_read = on_read  # each read of a real UPS, for the history the dashboard plots
         self.interval = settings.poll_s
         self.raise_event = raise_event  # (kind, data): a host event about this node, to every reaction
         self.reader = reader or UpsReader(settings)
@@ -178,6 +180,8 @@ class UpsWatch(Polling):
         prev, self.latest = self.latest, r
         if r.fixed:
             return
+        if self.on_read is not None:
+            self.on_read(r)
         was_on_battery = prev is not None and prev.on_battery
         if r.on_battery and not was_on_battery:
             log.warning("UPS %s on battery: %s", self.s.name, r.describe())

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 
 import holdover
 from holdover.bridge.service import Bridge
@@ -46,6 +47,9 @@ def build(bridge: Bridge, settings: WebSettings) -> FastAPI:
     bridge.reactions.append(app.state.feed)
     for module in (outages, sentinels, ups, runs, checkpoints, failover, events, actions, health, metrics, page):
         app.include_router(module.router)
+    # The page's charting library (uPlot), vendored: a dashboard during an outage fetches nothing
+    # from outside, and the uplink may be what is down.
+    app.mount("/static", StaticFiles(directory=page.STATIC), name="static")
     app.add_exception_handler(RequestValidationError, _invalid)
     return app
 

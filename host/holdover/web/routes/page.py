@@ -12,7 +12,8 @@ from fastapi.responses import HTMLResponse
 from holdover import events
 
 router = APIRouter(tags=["dashboard"])
-PAGE = Path(__file__).resolve().parents[1] / "static" / "index.html"
+STATIC = Path(__file__).resolve().parents[1] / "static"
+PAGE = STATIC / "index.html"
 
 
 @cache

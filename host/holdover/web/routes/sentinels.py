@@ -6,7 +6,6 @@ uses the journal's connection. Blocking work goes to a thread explicitly.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -37,8 +36,9 @@ async def list_sentinels(b: Bridge = Depends(bridge)) -> list[dict[str, Any]]:
 
 @router.get("/{sid}/history")
 async def history(sid: str, hours: float = Query(6.0, gt=0, le=168), b: Bridge = Depends(bridge)) -> dict[str, Any]:
-    """Battery volts and the best probe RTT over the last hours: [ts, battery_v, rtt_ms] points."""
-    return {"sid": sid, "points": b.gate.history.points(sid, time.time() - hours * 3600)}
+    """The sentinel's own battery (percent, volts) and its probes' best RTT (ms) and loss (percent)
+    over the last hours, as columns: `t` (unix seconds, each a bucket's start) and one list per series."""
+    return {"sid": sid, "hours": hours, **b.gate.history.series(sid, hours)}
 
 
 @router.get("/{sid}")
