@@ -33,6 +33,11 @@ def _one_of(*choices):
     return check
 
 
+def _url(v):
+    ok = v == "" or ((v.startswith("http://") or v.startswith("https://")) and " " not in v)
+    return None if ok else "must be an http:// or https:// URL, or empty"
+
+
 def _nonempty(v):
     return None if v else "must not be empty (the board would never join a network)"
 
@@ -167,6 +172,8 @@ SPEC = {
     "relay": {
         "pin": (int, -1, _rng(-1, 48)),  # -1: no relay
         "active_low": (bool, True, None),
+        # Which contact the modem's power runs through: "nc" (hardware/wiring.md) or "no".
+        "wiring": (str, "nc", _one_of("nc", "no")),
         "min_interval_ms": (int, 2000, _rng(0, 3600000)),
         # Power-cycle the modem when the uplink has been down this long (0: never).
         "cycle_after_s": (int, 300, _rng(0, 86400)),
@@ -189,6 +196,8 @@ SPEC = {
     "ha": {
         "discovery": (bool, True, None),
         "prefix": (str, protocol.HA_PREFIX, None),
+        # The bridge's dashboard, linked from the sentinel's device page in Home Assistant ("": none).
+        "url": (str, "", _url),
     },
     "safe_mode": {
         # Consecutive crash resets (watchdog, panic) before safe mode; power-on resets never count.

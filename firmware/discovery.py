@@ -5,6 +5,7 @@
 import json
 
 import protocol
+import version
 
 _ENTITIES = (
     # component, object id, name, template on the state body's data, extra fields
@@ -15,22 +16,33 @@ _ENTITIES = (
     ("sensor", "battery_v", "Sentinel battery voltage", "d.battery_v", {"dev_cla": "voltage", "unit_of_meas": "V"}),
     ("sensor", "battery_pct", "Sentinel battery", "d.battery_pct", {"dev_cla": "battery", "unit_of_meas": "%"}),
     ("sensor", "runtime", "Sentinel battery runtime", "d.runtime_s", {"dev_cla": "duration", "unit_of_meas": "s"}),
-    # ON energises the coil; wired as hardware/ says (the modem on the normally-closed contact),
-    # that is the modem OFF. The button is what a person wants: a pulse of the board's cycle_ms.
-    ("switch", "relay", "Relay coil (on: modem off)", "'ON' if d.relay else 'OFF'", {}),
+    # The relay as what it does: the modem's power, the right way round for relay.wiring (the
+    # coil energised is the modem off on the normally-closed contact, as hardware/ wires it).
+    # A switch only on the normally-open contact, where ON is the modem on; on "nc", a state and
+    # the button. The button is what a person wants: the modem off for the board's cycle_ms.
+    ("binary_sensor", "modem_power", "Modem power", "'OFF' if d.relay else 'ON'", {"dev_cla": "power"}),
+    ("switch", "modem_power", "Modem power", "'ON' if d.relay else 'OFF'", {"dev_cla": "outlet"}),
     ("button", "power_cycle", "Power-cycle modem", None, {"dev_cla": "restart"}),
 )
+# Entities of older releases, emptied on every connect so Home Assistant drops them: the switch
+# "Relay" (ON energised the coil, which cut the modem) became the two above.
+_GONE = (("switch", "relay"),)
 
 
 def messages(cfg, sid, board_name):
     """(topic, payload) for every entity this sentinel has, one at a time."""
     prefix = cfg["ha"]["prefix"]
     node = "holdover_" + sid
-    device = {"ids": [node], "name": "holdover " + sid, "mf": "holdover", "mdl": board_name}
+    device = {"ids": [node], "name": "holdover " + sid, "mf": "holdover", "mdl": board_name, "sw": version.VERSION}
+    if cfg["ha"]["url"]:
+        device["cu"] = cfg["ha"]["url"]
+    wiring = cfg["relay"]["wiring"]
     for comp, oid, name, tpl, extra in _ENTITIES:
         if (oid.startswith("battery") or oid == "runtime") and cfg["battery"]["pin"] < 0:
             continue
-        if comp in ("switch", "button") and cfg["relay"]["pin"] < 0:
+        if oid in ("modem_power", "power_cycle") and cfg["relay"]["pin"] < 0:
+            continue
+        if oid == "modem_power" and (comp == "switch") != (wiring == "no"):
             continue
         if oid == "uplink" and not cfg["uplink"]["targets"]:
             continue
@@ -53,3 +65,5 @@ def messages(cfg, sid, board_name):
             c["ent_cat"] = "diagnostic"
         c.update(extra)
         yield protocol.ha_config_topic(prefix, comp, sid, oid), json.dumps(c)
+    for comp, oid in _GONE:
+        yield protocol.ha_config_topic(prefix, comp, sid, oid), ""

@@ -100,8 +100,13 @@ HA_PREFIX = "homeassistant"
 
 def ha_config_topic(prefix, component, sid, oid):
     # Home Assistant's discovery config of one entity of a sentinel ("+" in a filter): the board
-    # publishes these, `holdover ha-remove` empties them.
+    # publishes these, `holdover ha-remove` empties them. A node's are under ha_node_id(name).
     return "%s/%s/holdover_%s/%s/config" % (prefix, component, sid, oid)
+
+
+def ha_node_id(node):
+    # A node's device in Home Assistant, apart from the sentinels' (holdover_node_NAME).
+    return "node_" + node
 
 
 _PREFIX = b'{"sig":"'
@@ -186,6 +191,11 @@ def topic(sid, leaf):
 NODE = "node"  # what the journal and the node's topics name the training node by: not a sentinel
 ALERTS = ROOT + "/alerts"  # every alert, readable text, from the bridge: for phone MQTT apps on the LAN
 UPLINK = "uplink"  # retained JSON from the node's bridge: which uplink carries traffic, each one's health
+# The node's own leaves beside UPLINK: STATE, retained JSON (power, the host UPS, the uplink in
+# use, the protected runs); STATUS, retained online/offline (offline is the bridge's last will);
+# NODE_CHECKPOINT, where Home Assistant's button sends PRESS: a checkpoint of every run now.
+NODE_CHECKPOINT = "checkpoint/set"
+PRESS = "PRESS"
 
 
 def node_topic(node, leaf):

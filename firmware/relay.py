@@ -1,8 +1,10 @@
 # The relay, and the policy that power-cycles the modem when the uplink stays down: this module
 # owns both; the sentinel only tells it, once a second, how long the uplink has been down.
 #
-# "on" energises the coil. Wire the modem through the normally-closed contact, so a pulse cuts
-# its power and a dead or rebooting sentinel leaves it powered.
+# "on" energises the coil. Wire the modem through the normally-closed contact (wiring "nc", the
+# default): the coil rests off, a pulse cuts the modem's power, and a dead or rebooting sentinel
+# leaves it powered. On the normally-open contact (wiring "no") the coil rests on, and a pulse
+# releases it: the same power cycle, but the modem loses power whenever the sentinel does.
 import asyncio
 
 import protocol
@@ -14,7 +16,9 @@ class Relay:
         self.cfg = cfg
         self.on_switch = on_switch  # (on, why)
         self.out = board.relay(cfg["pin"], cfg["active_low"])
-        self.on = False
+        self.rest = cfg["wiring"] == "no"  # the coil's state while the modem is powered
+        self.out.value(1 if self.rest else 0)
+        self.on = self.rest
         self.last_ms = None
         self.pulsing = None
         self.cycles = []  # ticks of the policy's recent power cycles
@@ -30,13 +34,14 @@ class Relay:
         self.on_switch(on, why)
 
     def set(self, on, why):
-        """Switch now; returns an error reason, or None. A pulse in progress is cancelled: "on"
-        keeps the coil on, "off" ends the pulse early (as its own end would, no minimum interval)."""
+        """Switch the coil now; returns an error reason, or None. A pulse in progress is cancelled:
+        the coil's rest ends it early (as its own end would, no minimum interval), the other keeps
+        the modem off."""
         if self.pulsing is not None:
             self.pulsing.cancel()
             self.pulsing = None
-            if not on:
-                self._switch(False, why)
+            if on == self.rest:
+                self._switch(self.rest, why)
             return None
         if on == self.on:
             return None
@@ -45,19 +50,24 @@ class Relay:
         self._switch(on, why)
         return None
 
+    @property
+    def modem_on(self):
+        return self.on == self.rest
+
     def pulse(self, ms, why):
-        if self.pulsing is not None or self.on:
+        """The modem off for ms, then on again."""
+        if self.pulsing is not None or not self.modem_on:
             return protocol.BUSY
         if self._too_soon():
             return protocol.TOO_SOON
-        self._switch(True, why)
+        self._switch(not self.rest, why)
         self.pulsing = asyncio.create_task(self._release(ms, why))
         return None
 
     async def _release(self, ms, why):
         await asyncio.sleep_ms(ms)
         self.pulsing = None
-        self._switch(False, why)  # the end of a pulse is part of it: no minimum interval
+        self._switch(self.rest, why)  # the end of a pulse is part of it: no minimum interval
 
     def cycle_allowed(self, down_ms, on_battery):
         """The modem power-cycle policy: down long enough, under the hourly cap, mains unless allowed."""

@@ -83,6 +83,9 @@ class Sentinel:
             import relay
 
             self.relay = relay.Relay(board, cfg["relay"], self._relay_switched)
+        elif cfg["relay"]["pin"] >= 0 and cfg["relay"]["wiring"] == "no":
+            # Safe mode takes no commands, but the modem on the normally-open contact needs the coil on.
+            board.relay(cfg["relay"]["pin"], cfg["relay"]["active_low"]).value(1)
 
     def _count_crash(self):
         n = self.board.nvs_get("crashes", 0)

@@ -18,6 +18,12 @@ if [ "$for_what" != demo ]; then
   # NUT's own upsd and dummy-ups stand in for the host's UPS (tests start them on loopback).
   [ -x /lib/nut/upsd ] && [ -x /lib/nut/dummy-ups ] || need+=(nut-server)
   command -v upsc >/dev/null 2>&1 || need+=(nut-client)
+  # Debian's Slurm and munge: the cluster tests start their own controller and nodes in network
+  # namespaces (holdover.lab.slurm); the packages' own services are kept from starting below.
+  [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+  [ -x /usr/sbin/slurmd ] || need+=(slurmd)
+  command -v scontrol >/dev/null 2>&1 || need+=(slurm-client)
+  [ -x /usr/sbin/munged ] || need+=(munge)
   # Tools the tests run from Debian packages that are unpacked, not installed, into .cache/PKG: the
   # packages would enable daemons (apcupsd hunting a USB UPS at boot, a Prometheus server).
   # apcaccess reads the tests' stand-in for apcupsd's NIS; promtool checks /metrics.
@@ -40,6 +46,12 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
+# No package's daemon is started by installing it (slurmctld, slurmd, munge, mosquitto): the tests
+# start their own, and a system slurmd would hunt for a controller. policy-rc.d is Debian's switch.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get install -y -qq "${need[@]}" >/dev/null
-# Debian starts a system-wide broker on :1883 on install; holdover never uses it.
 echo "installed: ${need[*]}"

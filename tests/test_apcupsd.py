@@ -131,7 +131,7 @@ def test_apcupsd_alone_runs_the_rescue_and_the_doctor_reads_it(nis: NisPeer, tmp
         wait_for(flag.exists, 15, "the final command, on apcupsd's LOWBATT")
         nis.close()
         wait_for(lambda: bt.bridge.ups.problem is not None, 10, "the NIS gone")
-        assert "cannot reach apcupsd at" in bt.bridge.ups.runtime()[1]
+        assert "cannot reach apcupsd at" in bt.bridge.ups.runtime(600).said
         assert bt.thread.is_alive()
     finally:
         bt.stop()

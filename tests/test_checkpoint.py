@@ -302,10 +302,12 @@ def test_warmup_scales_lr_only_inside_the_optimizer_step(tmp_path: Path) -> None
         g.close()
 
 
-def test_registration_and_socket_are_removed_on_close(tmp_path: Path) -> None:
+def test_registration_and_socket_are_removed_on_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # under Slurm: the bridges learn the job from the registration
     g = Guard(tmp_path / "c", "clean", signal=None, registry_dir=tmp_path / "reg").start()
     reg_path = registry.registration_path(tmp_path / "reg", "clean")
     assert reg_path.exists() and Path(g.reg.socket).exists()
+    assert registry.Registration.from_json(reg_path.read_text()).job == "4242"
     g.close()
     assert not reg_path.exists() and not Path(g.reg.socket).exists()
     shutil.rmtree(tmp_path / "reg")

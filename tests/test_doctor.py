@@ -128,7 +128,7 @@ def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
     assert "MB; heartbeats and refused messages kept 7 days" in checks["the journal's size is bounded"]["detail"]
     assert checks["the host's UPS sets the deadline"]["detail"].endswith(": OL, 100 %, 600 s left, load 40 %")
     fits = checks["an emergency checkpoint of exp1 fits the UPS's runtime"]["detail"]
-    assert fits == "the last took 20 s; 530 s left to save in (UPS hostups's runtime 600 s)"
+    assert fits == "the last took 20 s; 530 s left to save in (UPS hostups: 600 s left)"
 
 
 def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: Path) -> None:

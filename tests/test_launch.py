@@ -133,3 +133,33 @@ def test_a_run_started_without_holdover_launch_is_running_not_orphaned(tmp_path:
     registry.write_registration(reg, me)
     [run] = [r for r in recover(reg) if r["name"] == "plain"]
     assert (run["state"], run["how"]) == ("running", "")
+
+
+def test_a_verified_checkpoint_is_read_once_however_often_runs_are_listed(
+    tmp_path: Path, private_tmux, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The dashboard and Home Assistant list runs every 30 s: the newest checkpoint is hashed once,
+    # a new one when it comes, and a damaged newer one is passed over for the verified one.
+    import holdover.node.launch as launch_module
+
+    reads: list[str] = []
+    real = ckpt.verify
+    monkeypatch.setattr(ckpt, "verify", lambda p, *a, **k: reads.append(Path(p).name) or real(p, *a, **k))
+    reg, root = tmp_path / "reg", tmp_path / "ckpt"
+    registry.write_registration(reg, registry.Registration("r", os.getpid(), "", str(root), 12, [], "/", 0.0))
+    weights = [ckpt.Tensor.from_buffer("w", "U8", [4096], bytes(range(256)) * 16)]
+    ckpt.save(root, 1, [ckpt.Shard("shard_000.safetensors", weights)])
+    for _ in range(3):
+        assert recover(reg)[0]["checkpoint"]["step"] == 1
+    assert reads == ["step_000000001"], reads
+    d2, _ = ckpt.save(root, 2, [ckpt.Shard("shard_000.safetensors", weights)])
+    assert recover(reg)[0]["checkpoint"]["step"] == 2 and reads[-1] == d2.name
+    d3, _ = ckpt.save(root, 3, [ckpt.Shard("shard_000.safetensors", weights)])
+    with open(d3 / "shard_000.safetensors", "r+b") as f:  # a flipped byte in the newest
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    assert recover(reg)[0]["checkpoint"]["step"] == 2
+    assert recover(reg)[0]["checkpoint"]["step"] == 2 and reads.count(d3.name) == 2  # a damaged one is not kept
+    assert not any(key[0] == str(d3) for key in launch_module._VERIFIED)

@@ -31,7 +31,7 @@ from holdover.lab.broker import free_port
 from holdover.node.nut_client import NutClient, NutError
 from holdover.node.rescue import Rescuer
 from holdover.node.rescue_ledger import RescueLedger
-from holdover.node.ups import UpsReader, UpsWatch
+from holdover.node.ups import Runtime, UpsReader, UpsWatch
 from holdover.settings import ProtectSettings, Settings, UpsSettings
 from support import HOLDOVER, wait_for
 
@@ -121,7 +121,7 @@ def test_the_host_ups_sets_the_deadline_and_its_low_battery_runs_the_final_comma
     journal = tmp_path / "j.db"
     try:
         wait_for(lambda: bt.bridge.ups is not None and bt.bridge.ups.latest is not None, 10, "the first read")
-        assert bt.bridge.ups.runtime()[0] == 900
+        assert bt.bridge.ups.runtime(600).seconds == 900
         upsd.set("hostups", ups_status="OB DISCHRG", battery_charge="90", battery_runtime="480", ups_load="30")
         wait_for(lambda: any(e.kind == "ups_on_battery" for e in _kinds(journal)), 10, "ups_on_battery")
         with Journal(journal, readonly=True) as j:
@@ -139,8 +139,9 @@ def test_the_host_ups_sets_the_deadline_and_its_low_battery_runs_the_final_comma
         wait_for(lambda: any(e.kind == "ups_online" for e in _kinds(journal)), 10, "ups_online")
         upsd.stop_upsd()
         wait_for(lambda: any(e.kind == "ups_unreadable" for e in _kinds(journal)), 10, "ups_unreadable")
-        rt, why = bt.bridge.ups.runtime()
-        assert rt is None and f"cannot reach upsd at 127.0.0.1:{upsd.port}" in why
+        rt = bt.bridge.ups.runtime(600)
+        assert not rt.read and f"cannot reach upsd at 127.0.0.1:{upsd.port}" in rt.said, rt
+        assert rt.said.startswith("[protect] runtime_default 600 s, a guess (") and rt.seconds == 600
         assert bt.thread.is_alive()
     finally:
         bt.stop()
@@ -166,7 +167,11 @@ def test_one_cut_seen_by_both_sources_is_one_rescue_and_the_sentinels_cell_sets_
     with Journal(tmp_path / "j.db") as j:
 
         async def go() -> None:
-            r = Rescuer(_protect(tmp_path, grace=0.5, final_command=f"touch {flag}"), j, runtime=lambda: (300, "UPS"))
+            r = Rescuer(
+                _protect(tmp_path, grace=0.5, final_command=f"touch {flag}"),
+                j,
+                runtime=lambda _d: Runtime(300, "UPS", False, True),
+            )
             # The sentinel's own cell: never a rescue, never the final command.
             r.on_event(_event(j, protocol.BATTERY_CRITICAL, runtime_s=90, on_battery=True))
             r.on_event(_event(j, protocol.MAINS_LOST, runtime_s=40000))  # the sentinel, first
@@ -208,7 +213,11 @@ def test_a_runtime_that_falls_while_saving_pulls_the_deadline_in(tmp_path: Path)
         with Journal(tmp_path / "j.db") as j:
 
             async def go() -> None:
-                r = Rescuer(_protect(tmp_path, hang_after=30), j, runtime=lambda: (left[0], "UPS hostups"))
+                r = Rescuer(
+                    _protect(tmp_path, hang_after=30),
+                    j,
+                    runtime=lambda _d: Runtime(left[0], "UPS hostups", False, True),
+                )
                 r.on_event(_event(j, events.UPS_ON_BATTERY, sid="node", ups="hostups", runtime_s=600))
                 await asyncio.sleep(1.5)
                 left[0] = 200.0  # the load went up: the UPS says so

@@ -29,6 +29,14 @@ EXAMPLES: dict[str, Any] = {
     "protect.registry": "/run/user/1000/holdover",
     "web.token_file": "/etc/holdover/web.token",
     "dongle.password_file": "/etc/holdover/dongle.password",
+    "slurm.circuits.name": "rack1",
+    "slurm.circuits.sentinel": "rack1",
+    "slurm.circuits.nodes": "gpu[01-04]",
+    "slurm.signals.partition": "lightning",
+    "slurm.signals.job_name": "train-*",
+    "slurm.signals.signal": "USR1",
+    "slurm.conf": "/etc/slurm/slurm.conf",
+    "slurm.grace": 30.0,
 }
 # Sections whose one example entry is live in the example (a bridge needs a sentinel); the other
 # lists of tables are shown commented out.

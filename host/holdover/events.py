@@ -221,6 +221,22 @@ _KINDS = (
     Kind("link_added", INFO, "interface {dev} appeared", HOST, alert=False),
     Kind("link_removed", INFO, "interface {dev} went away", HOST, alert=False),
     Kind("diagnosis", WARNING, "outage diagnosis: {first}", HOST, doing="failed checks: {failed}"),
+    # --- Slurm (cluster/circuits.py), from the bridge beside slurmctld ---------------------------
+    Kind(
+        "slurm_drained",
+        WARNING,
+        "circuit {circuit}: {count} Slurm node(s) drained ({nodes}), {jobs_told} job(s) told to checkpoint",
+        HOST,
+        doing="nothing new starts there on battery; {reason}",
+    ),
+    Kind(
+        "slurm_resumed",
+        INFO,
+        "circuit {circuit}: power steady again, {count} Slurm node(s) resumed",
+        HOST,
+        resolves="slurm_drained",
+    ),
+    Kind("slurm_failed", WARNING, "Slurm, circuit {circuit}: {what} failed: {error}", HOST),
 )
 TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)

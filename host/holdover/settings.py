@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import ipaddress
 import os
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -477,6 +479,88 @@ class WebSettings(_Strict):
         return self.token
 
 
+def _signal_name(v: str) -> str:
+    name = v.upper().removeprefix("SIG")
+    if name not in signal.Signals.__members__ and f"SIG{name}" not in signal.Signals.__members__:
+        raise ValueError(f"{v!r} is not a signal (USR1, USR2, TERM, INT...)")
+    return name
+
+
+SignalName = Annotated[str, AfterValidator(_signal_name)]
+
+
+class SlurmCircuit(_Strict):
+    """Nodes that lose power together, and what says their power went (a sentinel, the UPS, or both)."""
+
+    name: str = Field(..., min_length=1, description="the circuit, as people call it (rack1)")
+    sentinel: str | None = Field(None, description="the sentinel watching this circuit's mains")
+    ups: bool = Field(False, description="the host UPS of [ups] feeds these nodes: its on-battery counts")
+    nodes: str = Field(..., min_length=1, description="a Slurm hostlist: gpu[01-04] (expanded by scontrol)")
+
+    @model_validator(mode="after")
+    def _watched(self) -> SlurmCircuit:
+        if self.sentinel is None and not self.ups:
+            raise ValueError("a circuit needs a sentinel, or ups = true, to know when its power goes")
+        return self
+
+
+class SlurmSignal(_Strict):
+    """The signal a job is told to checkpoint with, by its partition or its name."""
+
+    partition: str | None = Field(None, description="jobs in this partition")
+    job_name: str | None = Field(None, description="jobs whose name matches this glob (train-*)")
+    signal: SignalName = Field(..., description="USR1, USR2, TERM...")
+
+
+class SlurmSettings(_Strict):
+    """Slurm's nodes on circuits: drain them on a cut and tell their jobs to checkpoint."""
+
+    circuits: list[SlurmCircuit] = Field(default_factory=list)
+    signal: SignalName = Field(
+        "USR2", description="what jobs are told to checkpoint with (NCCL takes USR1 in some builds)"
+    )
+    signals: list[SlurmSignal] = Field(default_factory=list, description="per partition or job name; first match")
+    # Who gets the signal (scancel's own choices). "steps": every step srun started, the training
+    # processes, not the batch script's shell, as `sbatch --signal` does. "full" adds the shell,
+    # which a script without a trap for the signal dies of, and the job with it (seen here with
+    # USR2). "batch": the shell alone, for scripts that trap it and pass it on themselves.
+    signal_to: Literal["steps", "full", "batch"] = Field(
+        "steps", description="who is signalled: the steps' processes, with the batch shell, or the shell alone"
+    )
+    grace: float | None = Field(None, ge=0, description="seconds of a cut before draining; default [protect] grace")
+    resume_after_s: float = Field(60.0, ge=0, description="mains back and steady this long before nodes resume")
+    timeout_s: float = Field(10.0, gt=0, le=120, description="each Slurm command's time limit")
+    conf: ConfigPath | None = Field(None, description="SLURM_CONF for the commands; default: Slurm's own")
+    netns: str | None = Field(None, description="run Slurm's commands in this network namespace (tests)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.circuits)
+
+    def signal_for(self, partition: str, job_name: str) -> str:
+        for rule in self.signals:
+            if rule.partition is not None and rule.partition != partition:
+                continue
+            if rule.job_name is not None and not fnmatch.fnmatchcase(job_name, rule.job_name):
+                continue
+            return rule.signal
+        return self.signal
+
+
+class HaSettings(_Strict):
+    """This node as a device in Home Assistant (MQTT discovery), beside the sentinels' own."""
+
+    discovery: bool = Field(True, description="announce this node (power, UPS, uplink, runs, a checkpoint button)")
+    prefix: str = Field(protocol.HA_PREFIX, pattern=r"^[A-Za-z0-9_-]+$", description="Home Assistant's prefix")
+    url: str = Field(
+        "",
+        pattern=r"^(https?://\S+)?$",
+        description="the dashboard as Home Assistant's users reach it (its device page links there); "
+        "default: [web] host and port, unless that is loopback",
+    )
+    press_every_s: float = Field(60.0, ge=0, description="a checkpoint button press within this of the last is refused")
+
+
 class Settings(_Strict):
     mqtt: MqttSettings = MqttSettings()
     journal: JournalSettings = JournalSettings()
@@ -492,6 +576,8 @@ class Settings(_Strict):
     dongle: DongleSettings = DongleSettings()
     bonding: BondingSettings = BondingSettings()
     diagnose: DiagnoseSettings = DiagnoseSettings()
+    ha: HaSettings = HaSettings()
+    slurm: SlurmSettings = SlurmSettings()
 
     @model_validator(mode="after")
     def _unique_sentinels(self) -> Settings:
@@ -505,12 +591,32 @@ class Settings(_Strict):
         names = [u.name for u in self.failover.uplinks]
         if self.dongle.uplink and self.dongle.uplink not in names:
             raise ValueError(f"dongle.uplink {self.dongle.uplink!r} is not a [failover] uplink ({names})")
+        for i, c in enumerate(self.slurm.circuits):
+            if c.sentinel is not None and c.sentinel not in ids:
+                raise ValueError(f"slurm.circuits[{i}].sentinel {c.sentinel!r} is not a [[sentinels]] id ({ids})")
+            if c.ups and not self.ups.enabled:
+                raise ValueError(f"slurm.circuits[{i}].ups: no [ups] to read (nut, apcupsd or runtime_s)")
         if self.dongle.data_cap_mb and not self.dongle.uplink:
             raise ValueError("dongle.data_cap_mb counts on dongle.uplink: name the [failover] uplink it is")
         return self
 
     def keys(self) -> dict[str, bytes]:
         return {s.id: s.key.encode() for s in self.sentinels}
+
+    @property
+    def node(self) -> str:
+        """This machine's name in its MQTT topics and in Home Assistant (the host name by default)."""
+        return self.failover.node
+
+    def dashboard_url(self) -> str | None:
+        """Where people open the dashboard from elsewhere: [ha] url, else [web] host and port
+        unless it listens on loopback only (a link to 127.0.0.1 opens the reader's own machine)."""
+        if self.ha.url:
+            return self.ha.url
+        if not self.web.enabled or self.web.host in ("127.0.0.1", "::1", "localhost"):
+            return None
+        host = socket.getfqdn() if self.web.host in ("0.0.0.0", "::") else self.web.host
+        return f"http://{host}:{self.web.port}/"
 
 
 ENV_PREFIX = "HOLDOVER_"  # HOLDOVER_MQTT__PORT=1884, HOLDOVER_WEB__TOKEN_FILE=..., HOLDOVER_SENTINELS='[...]'

@@ -55,9 +55,11 @@ def acl(sids: list[str], ha_prefix: str = protocol.HA_PREFIX, ha: bool = False) 
         f"topic readwrite {ha_prefix}/#",
     ]
     if ha:
-        # Home Assistant: reads every state, announces itself, switches relays (the bridge signs those).
+        # Home Assistant: reads every state, announces itself, switches relays (the bridge signs
+        # those) and presses a node's checkpoint button (the bridge rate-limits and journals it).
         out += ["", f"user {HA_USER}", f"topic read {root}/#", f"topic readwrite {ha_prefix}/#"]
         out += [f"topic write {protocol.topic('+', protocol.RELAY_SET)}"]
+        out += [f"topic write {protocol.node_topic('+', protocol.NODE_CHECKPOINT)}"]
     for sid in sids:
         out += ["", f"user {sid}"]
         out += [f"topic write {protocol.topic(sid, leaf)}" for leaf in SENTINEL_WRITES]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import paho.mqtt.client as paho
@@ -51,11 +53,21 @@ class Inbound:
 
 
 class MqttLink:
-    def __init__(self, cfg: MqttSettings, queue: asyncio.Queue[Inbound], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        cfg: MqttSettings,
+        queue: asyncio.Queue[Inbound],
+        loop: asyncio.AbstractEventLoop,
+        will: tuple[str, bytes] | None = None,
+        subscribe: tuple[str, ...] = (),
+        on_connect: Callable[[], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.queue = queue
         self.loop = loop
         self.connected = asyncio.Event()
+        self.subscriptions = [*SUBSCRIPTIONS, *subscribe]
+        self.on_connect = on_connect  # called on the loop after each connect (the node's birth)
         # MQTT 5, for retain-as-published: under 3.1.1 a broker clears the retain flag on live
         # delivery, so the gate could not refuse an event someone published retained.
         c = _Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id, protocol=paho.MQTTv5)
@@ -67,6 +79,9 @@ class MqttLink:
         c.on_connect_fail = self._on_connect_fail
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
+        if will is not None:
+            # The node's availability for Home Assistant: offline, retained, when the bridge is gone.
+            c.will_set(will[0], will[1], qos=1, retain=True)
         self.client = c
         self._failing: tuple[str, float] | None = None  # (reason, since) while connects fail
         self._said = 0.0
@@ -82,7 +97,11 @@ class MqttLink:
         )
         self.client.loop_start()
 
-    def stop(self) -> None:
+    def stop(self, last: tuple[str, bytes] | None = None) -> None:
+        """Disconnect; `last`, retained, first (a clean disconnect sends no last will)."""
+        if last is not None and self.client.is_connected():
+            with contextlib.suppress(RuntimeError, ValueError):
+                self.client.publish(last[0], last[1], qos=1, retain=True).wait_for_publish(2)
         self.client.disconnect()
         self.client.loop_stop()
 
@@ -105,8 +124,10 @@ class MqttLink:
             )
             self._failing = None
         log.info("connected to broker %s:%d", self.cfg.host, self.cfg.port)
-        client.subscribe([(t, SubscribeOptions(qos=1, retainAsPublished=True)) for t in SUBSCRIPTIONS])
+        client.subscribe([(t, SubscribeOptions(qos=1, retainAsPublished=True)) for t in self.subscriptions])
         self.loop.call_soon_threadsafe(self.connected.set)
+        if self.on_connect is not None:
+            self.loop.call_soon_threadsafe(self.on_connect)
 
     def _on_connect_fail(self, client: _Client, _ud: object) -> None:
         self.connect_failures += 1

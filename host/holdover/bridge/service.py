@@ -21,9 +21,11 @@ from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.history import UpsHistory
 from holdover.bridge.hooks import HookRunner
 from holdover.bridge.mqtt_link import Inbound, MqttLink
+from holdover.bridge.node_report import NodeReport
 from holdover.bridge.nut_serve import NutServe
 from holdover.bridge.presence import Presence
 from holdover.bridge.serial_link import SerialLink
+from holdover.cluster.circuits import Circuits
 from holdover.events import Reaction
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
@@ -108,6 +110,19 @@ class Bridge:
         bonds = self.settings.bonding
         if bonds.enabled and (bonds.proc / "net" / "bonding").is_dir():
             self.reactions.append(BondWatch(bonds, self.node_event))
+        if self.settings.slurm.enabled:
+            self.reactions.append(Circuits(self.settings, self.node_event))
+        self._uplink_active: str | None = None  # from failover's last state
+        self.node_report = NodeReport(
+            self.settings,
+            self.journal,
+            self._publish,
+            self.ups,
+            self.rescuer,
+            lambda: self._uplink_active,
+            self.node_event,
+        )
+        self.reactions.append(self.node_report)
         silent = {sc.url: sc.silent_after_s for sc in self.settings.serial}
         self.presence = Presence(self.journal, self._host_event, silent)
         self.queue: asyncio.Queue[Inbound] = asyncio.Queue()
@@ -222,12 +237,17 @@ class Bridge:
         self._react(event)
         return event
 
+    def _publish(self, topic: str, payload: bytes, retain: bool) -> None:
+        if self.link is not None:
+            self.link.publish(topic, payload, retain=retain)
+
     def _publish_alert(self, text: str) -> None:
         if self.link is not None:
             self.link.publish(protocol.ALERTS, text.encode())
 
     def _node_uplinks(self, state: dict[str, Any]) -> None:
         """The node's uplink state, retained on MQTT for dashboards and phone apps on the LAN."""
+        self._uplink_active = state.get("active")
         if self.link is not None:
             body = {"node": self.settings.failover.node, "ts": round(time.time(), 3), **state}
             topic = protocol.node_topic(self.settings.failover.node, protocol.UPLINK)
@@ -289,7 +309,14 @@ class Bridge:
             # Not possible off the main thread, where the demo and tests run a bridge.
             with contextlib.suppress(RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
-        self.link = MqttLink(self.settings.mqtt, self.queue, loop)
+        self.link = MqttLink(
+            self.settings.mqtt,
+            self.queue,
+            loop,
+            will=(self.node_report.status_topic, protocol.OFFLINE.encode()),
+            subscribe=(self.node_report.press_topic,),
+            on_connect=self.node_report.connected,
+        )
         self.link.start()
         for sc in self.settings.serial:
             link = SerialLink(sc.url, sc.baud, self.queue, loop)
@@ -310,7 +337,11 @@ class Bridge:
                 getter = asyncio.create_task(self.queue.get())
                 done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
-                    self.handle(getter.result())
+                    item = getter.result()
+                    if item.topic == self.node_report.press_topic:
+                        self.node_report.pressed(item.payload, item.retained)  # not a sentinel's: no gate
+                    else:
+                        self.handle(item)
                 else:
                     getter.cancel()
         finally:
@@ -319,7 +350,7 @@ class Bridge:
             stopper.cancel()
             journal_watch.cancel()
             retention.cancel()
-            self.link.stop()
+            self.link.stop(last=(self.node_report.status_topic, protocol.OFFLINE.encode()))
             for s in self.serial:
                 s.stop()
             await self.presence.close()

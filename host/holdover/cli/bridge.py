@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,6 +22,9 @@ from holdover.cli.common import (
     wing,
 )
 from holdover.errors import FAILED
+
+if TYPE_CHECKING:
+    from holdover.settings import Settings
 
 app = wing()
 
@@ -169,9 +174,25 @@ def bridge(
             f"{config}: no [[sentinels]] and no [ups]: the bridge would hear nobody. Make a key with "
             "`holdover keygen ID` (it prints the [[sentinels]] lines to add), or point [ups] nut at your UPS."
         )
+    if cfg.slurm.enabled:
+        _slurm_knows_the_circuits(cfg, config)
     from holdover.web.server import run_with
 
     asyncio.run(run_with(Bridge(cfg), cfg.web))
+
+
+def _slurm_knows_the_circuits(cfg: Settings, config: Path) -> None:
+    """A circuit naming a node Slurm does not know would drain nothing on a cut: refused, by key,
+    when slurmctld answers; when it does not, said, and the bridge starts (power may need it)."""
+    from holdover.cluster.slurm import SlurmError, unknown_nodes
+
+    try:
+        problems = unknown_nodes(cfg.slurm)
+    except SlurmError as e:
+        logging.getLogger("holdover.cluster").warning("cannot ask Slurm about the circuits' nodes: %s", e)
+        return
+    if problems:
+        raise fail(f"{config}: " + "; ".join(problems))
 
 
 @app.command(rich_help_panel=RUN)

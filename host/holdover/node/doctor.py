@@ -23,7 +23,7 @@ from holdover.journal import Journal
 from holdover.mqtt_session import SessionError, session
 from holdover.node import targets as targets_mod
 from holdover.node.checks import FAIL, PASS, SKIP, WARN, Check
-from holdover.node.ups import UpsReading, read_once
+from holdover.node.ups import Runtime, UpsReading, read_once, runtime_from
 from holdover.settings import Settings
 
 # A sentinel states every 30 s by default; three missed in a row is not a slow network.
@@ -39,6 +39,7 @@ class Doctor:
         self.broker_timeout = broker_timeout
         self._targets: list[targets_mod.Target] | None = None
         self._ups: UpsReading | None = None  # read by the UPS check, used by the checkpoint check
+        self._ups_read: tuple[UpsReading | None, str | None] = (None, None)
 
     def run(self) -> list[Check]:
         return [
@@ -123,9 +124,9 @@ class Doctor:
     def checkpoint_fits(self) -> list[Check]:
         """The last checkpoint's duration against the host UPS's runtime, less the grace time the
         bridge waits and the margin it keeps."""
-        runtime, source = self._runtime()
+        rt = self._runtime()
         p = self.cfg.protect
-        budget = runtime - p.margin - p.grace
+        budget, source = rt.seconds - p.margin - p.grace, rt.said
         out = []
         for t in self.targets():
             save = t.reg.last_save if t.reg else None
@@ -152,7 +153,7 @@ class Doctor:
         if not u.source:
             why = f"[ups] runtime_s = {u.runtime_s:.0f} s: a fixed guess, not read from the UPS"
             return Check(name, WARN, why, "read the UPS through NUT: [ups] nut (or apcupsd)")
-        self._ups, problem = read_once(u)
+        self._ups, problem = self._ups_read = read_once(u)
         if self._ups is None:
             if u.apcupsd:
                 return Check(
@@ -164,13 +165,11 @@ class Doctor:
             return Check(name, WARN, why, "set [ups] runtime_s to the UPS's runtime at your load")
         return Check(name, PASS, f"{u.source}: {self._ups.describe()}")
 
-    def _runtime(self) -> tuple[float, str]:
-        if self._ups is not None and self._ups.runtime_s is not None:
-            return self._ups.runtime_s, f"UPS {self.cfg.ups.name}'s runtime {self._ups.runtime_s:.0f} s"
-        if self.cfg.ups.runtime_s:
-            return self.cfg.ups.runtime_s, f"[ups] runtime_s {self.cfg.ups.runtime_s:.0f} s, a guess"
-        default = self.cfg.protect.runtime_default
-        return default, f"[protect] runtime_default {default:.0f} s, a guess"
+    def _runtime(self) -> Runtime:
+        # The UPS check's reading; a fixed [ups] runtime_s is read without a UPS.
+        u = self.cfg.ups
+        r, problem = self._ups_read if u.source else read_once(u)
+        return runtime_from(u, r, problem, self.cfg.protect.runtime_default)
 
     def gdb(self) -> Check:
         name = "gcore can dump a run that cannot save"

@@ -40,7 +40,8 @@ from holdover.journal import Event, Journal
 from holdover.node import dump
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.node.targets import Target, discover, registry_dir
-from holdover.settings import ProtectSettings
+from holdover.node.ups import Runtime, runtime_from
+from holdover.settings import ProtectSettings, UpsSettings
 from holdover.train import ckpt, registry
 
 log = logging.getLogger("holdover.node.rescue")
@@ -50,8 +51,8 @@ GRACE_KINDS = (protocol.MAINS_LOST, events.UPS_ON_BATTERY)  # power is gone: a b
 BACK_KINDS = (protocol.MAINS_RESTORED, events.UPS_ONLINE)
 
 
-def no_runtime() -> tuple[float | None, str]:
-    return None, "no [ups] configured"
+def no_runtime(default: float) -> Runtime:
+    return runtime_from(UpsSettings(), None, None, default)
 
 
 def raised_at(event: Event) -> float:
@@ -68,7 +69,7 @@ class Rescuer:
         settings: ProtectSettings,
         journal: Journal,
         react: Callable[[Event], None] | None = None,
-        runtime: Callable[[], tuple[float | None, str]] = no_runtime,
+        runtime: Callable[[float], Runtime] = no_runtime,
     ) -> None:
         self.s = settings
         self.runtime = runtime  # the host UPS's runtime left now, and where it comes from (node/ups.py)
@@ -133,11 +134,9 @@ class Rescuer:
             rt = event.data.get("runtime_s")
             if isinstance(rt, int | float) and rt > 0:
                 return raised_at(event) + rt - self.s.margin, f"UPS {event.data.get('ups')} runtime {rt:.0f} s"
-        rt, source = self.runtime()
-        if rt is not None:
-            return time.time() + rt - self.s.margin, source
-        guess = self.s.runtime_default
-        return raised_at(event) + guess - self.s.margin, f"a guess: protect.runtime_default {guess:.0f} s ({source})"
+        rt = self.runtime(self.s.runtime_default)
+        # A reading counts from now; the default guess from when the power went.
+        return (time.time() if rt.read else raised_at(event)) + rt.seconds - self.s.margin, rt.said
 
     async def _after_grace(self, event: Event) -> None:
         await asyncio.sleep(self.s.grace)
@@ -176,12 +175,12 @@ class Rescuer:
         """Re-read the UPS while saving: a runtime that falls faster than expected pulls the deadline in."""
         while True:
             await asyncio.sleep(1.0)
-            rt, source = self.runtime()
-            if rt is None:
+            rt = self.runtime(self.s.runtime_default)
+            if not rt.read:
                 continue
-            deadline = time.time() + rt - self.s.margin
+            deadline = time.time() + rt.seconds - self.s.margin
             if deadline < self._deadline.get(rid, deadline) - 1.0:
-                log.warning("deadline pulled in by %.0f s: %s", self._deadline[rid] - deadline, source)
+                log.warning("deadline pulled in by %.0f s: %s", self._deadline[rid] - deadline, rt.said)
                 self._deadline[rid] = deadline
                 self.ledger.update(rid, deadline=deadline)
 

@@ -125,6 +125,44 @@ class UpsReader:
             self._client = None
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """The host's runtime left as an emergency's deadline takes it, and where it comes from, in
+    the one wording the rescue's journal, the page, `status` and the doctor all use."""
+
+    seconds: float
+    said: str
+    guess: bool  # [ups] runtime_s or [protect] runtime_default: not read from a UPS
+    read: bool  # from a reading (a UPS, or [ups] runtime_s): counts from now, not from the cut
+
+
+def runtime_from(
+    ups: UpsSettings,
+    r: UpsReading | None,
+    problem: str | None,
+    default: float,
+    stale_after_s: float | None = None,
+) -> Runtime:
+    """What an emergency's deadline is taken from, given the UPS's last reading (or the problem
+    reading it): its runtime, the fixed [ups] runtime_s, or [protect] runtime_default with why."""
+    why = None
+    if problem is not None:
+        why = problem
+    elif not ups.enabled:
+        why = "no [ups]"
+    elif r is None:
+        why = f"UPS {ups.name} not read yet"
+    elif stale_after_s is not None and time.time() - r.at > stale_after_s:
+        why = f"UPS {ups.name} last read {time.time() - r.at:.0f} s ago"
+    elif r.runtime_s is None:
+        why = f"UPS {ups.name} reports no battery.runtime"
+    if why is not None or r is None or r.runtime_s is None:
+        return Runtime(default, f"[protect] runtime_default {default:.0f} s, a guess ({why})", True, False)
+    if r.fixed:
+        return Runtime(r.runtime_s, f"[ups] runtime_s {r.runtime_s:.0f} s, a guess", True, True)
+    return Runtime(r.runtime_s, f"UPS {ups.name}: {r.runtime_s:.0f} s left", False, True)
+
+
 def read_once(settings: UpsSettings) -> tuple[UpsReading | None, str | None]:
     """The host's UPS read once, as upsc would (for commands; the bridge need not run), its
     connection closed after: (the reading, None), (None, what is wrong), or (None, None) with no [ups]."""
@@ -226,21 +264,10 @@ class UpsWatch(Polling):
                 log.warning("sentinel %s says mains lost for %d s; UPS %s says %s", sid, after, self.s.name, said)
                 self.raise_event(events.POWER_DISAGREE, {"sentinel": sid, "ups": self.s.name, "after_s": after})
 
-    def runtime(self) -> tuple[float | None, str]:
-        """The host's runtime left now, and where that number comes from; None when it is not known."""
-        r = self.latest
-        if self.problem is not None:
-            return None, self.problem
-        if r is None:
-            return None, f"UPS {self.s.name} not read yet"
-        age = time.time() - r.at
-        if age > max(10.0, 5 * self.s.poll_s):
-            return None, f"UPS {self.s.name} last read {age:.0f} s ago"
-        if r.runtime_s is None:
-            return None, f"UPS {self.s.name} reports no battery.runtime"
-        if r.fixed:
-            return r.runtime_s, f"[ups] runtime_s {r.runtime_s:.0f} s, a guess"
-        return r.runtime_s, f"UPS {self.s.name}: {r.describe()}"
+    def runtime(self, default: float) -> Runtime:
+        """The host's runtime left now, and where that number comes from (a read older than five
+        polls is not trusted: the UPS may have fallen since)."""
+        return runtime_from(self.s, self.latest, self.problem, default, max(10.0, 5 * self.s.poll_s))
 
     async def close(self) -> None:
         await super().close()

@@ -110,6 +110,7 @@ class Guard:
             tmux=os.environ.get("HOLDOVER_TMUX_SESSION"),
             rank=self.rank,
             world=self.world,
+            job=os.environ.get("SLURM_JOB_ID"),
         )
 
     # --- lifecycle ------------------------------------------------------------------------------

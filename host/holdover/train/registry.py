@@ -75,6 +75,7 @@ class Registration:
     world: int = 1
     last_save: LastSave | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    job: str | None = None  # the Slurm job it runs in (SLURM_JOB_ID), for the cluster's bridge
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -13,7 +13,7 @@ from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.rescue_ledger import RescueLedger
-from holdover.node.ups import UpsReading, UpsWatch
+from holdover.node.ups import UpsReading, UpsWatch, runtime_from
 from holdover.settings import Settings
 
 
@@ -97,16 +97,8 @@ def checkpoints(journal: Journal, limit: int = 50) -> list[dict[str, Any]]:
 def ups(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, Any]:
     """The host's UPS (the rescue's clock) as last read, and what an emergency's deadline would be
     taken from now: its runtime, or `runtime_default`, named as the guess it is."""
-    u, default = cfg.ups, cfg.protect.runtime_default
-    known = r is not None and problem is None and r.runtime_s is not None
-    if known:
-        assert r is not None and r.runtime_s is not None
-        deadline = (
-            f"[ups] runtime_s {r.runtime_s:.0f} s, a guess" if r.fixed else f"UPS {u.name}: {r.runtime_s:.0f} s left"
-        )
-    else:
-        why = problem or ("no [ups]" if not u.enabled else f"UPS {u.name} reports no battery.runtime")
-        deadline = f"[protect] runtime_default {default:.0f} s, a guess ({why})"
+    u = cfg.ups
+    rt = runtime_from(u, r, problem, cfg.protect.runtime_default)
     live = r if r is not None and not r.fixed and problem is None else None  # read from a UPS, now
     return {
         "configured": u.enabled,
@@ -120,8 +112,8 @@ def ups(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, A
         "load": live.load if live else None,
         "read_age_s": _age(r.at) if r is not None else None,
         "problem": problem,
-        "deadline_from": deadline,
-        "guess": not known or bool(r and r.fixed),
+        "deadline_from": rt.said,
+        "guess": rt.guess,
     }
 
 

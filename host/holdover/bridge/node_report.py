@@ -1,0 +1,297 @@
+"""This node on MQTT: a retained state (power, the host UPS, the uplink in use, the rescue, the
+protected runs) on holdover/node/NAME/state, its availability (online; offline is the bridge's last
+will), Home Assistant discovery for it as a device of its own, and the button's checkpoint press.
+
+The state goes out on every event that can change it and every `interval` seconds (ages and the
+UPS's runtime move without events). Unsigned, like the uplink's: information for Home Assistant,
+phone apps and other bridges; the only thing anyone can ask of the node here is a checkpoint,
+which saves and harms nothing, and even that is rate-limited and journaled with who asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import holdover
+from holdover import events
+from holdover.firmware import protocol
+from holdover.journal import Event, Journal
+from holdover.node import launch
+from holdover.node.rescue import Rescuer
+from holdover.node.ups import UpsWatch
+from holdover.settings import Settings
+
+log = logging.getLogger("holdover.node_report")
+
+REPORT_EVERY_S = 30.0
+SOON_S = 0.3  # events come in bursts (a cut: mains_lost, ups_on_battery, the grace): one state for them
+RESCUE_PHASES = ["idle", "grace", "saving"]
+# Jinja for Home Assistant, on the state's JSON: each entity reads one field of it.
+_UNKNOWN = "None"  # what Home Assistant takes as "unknown" from a template
+
+
+def _object_id(name: str) -> str:
+    # Home Assistant's object ids are [a-zA-Z0-9_-]; run names may also hold dots.
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
+class NodeReport:
+    """A Reaction: the node's state on MQTT and in Home Assistant."""
+
+    interval = REPORT_EVERY_S
+
+    def __init__(
+        self,
+        settings: Settings,
+        journal: Journal,
+        publish: Callable[[str, bytes, bool], None],
+        ups: UpsWatch | None,
+        rescuer: Rescuer,
+        uplink: Callable[[], str | None],
+        node_event: Callable[[str, dict[str, Any]], Event],
+    ) -> None:
+        self.s = settings
+        self.node = settings.node
+        self.journal = journal
+        self.publish = publish
+        self.ups = ups
+        self.rescuer = rescuer
+        self.uplink = uplink
+        self.node_event = node_event
+        self.state_topic = protocol.node_topic(self.node, protocol.STATE)
+        self.status_topic = protocol.node_topic(self.node, protocol.STATUS)
+        self.press_topic = protocol.node_topic(self.node, protocol.NODE_CHECKPOINT)
+        self._mains_lost: set[str] = set()  # sentinels whose mains is out, from their events
+        self._announced: set[str] = set()  # config topics of run entities on the broker now
+        self._last_press = -1e9
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- Reaction --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for sid in self.journal.sentinel_ids():
+            state = (self.journal.sentinel(sid) or {}).get("state") or {}
+            if state.get("mains") is False:
+                self._mains_lost.add(sid)
+        self._task = asyncio.get_running_loop().create_task(self._every())
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == protocol.MAINS_LOST:
+            self._mains_lost.add(event.sid)
+        elif event.kind == protocol.MAINS_RESTORED:
+            self._mains_lost.discard(event.sid)
+        if event.kind not in events.ROUTINE:
+            self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def connected(self) -> None:
+        """On every connect to the broker: online, the discovery, and the state at once (the last
+        will said offline if the link dropped)."""
+        self.publish(self.status_topic, protocol.ONLINE.encode(), True)
+        if self.s.ha.discovery:
+            for topic, config in self.discovery(runs=[]):
+                self.publish(topic, json.dumps(config).encode(), True)
+            self._announced.clear()  # the runs' entities follow with the next state
+        self._wake.set()
+
+    def pressed(self, payload: bytes, retained: bool) -> str | None:
+        """Home Assistant's checkpoint button: the reason it was refused, or None once asked."""
+        if retained:
+            why = "a retained press (a press is never retained: someone published it by hand)"
+        elif payload.strip() != protocol.PRESS.encode():
+            why = f"payload {payload[:40]!r} is not {protocol.PRESS}"
+        elif not self.s.protect.enabled:
+            why = "[protect] is disabled in the config"
+        elif time.monotonic() - self._last_press < self.s.ha.press_every_s:
+            why = f"pressed again within [ha] press_every_s ({self.s.ha.press_every_s:.0f} s)"
+        else:
+            self._last_press = time.monotonic()
+            self.node_event("checkpoint_requested", {"by": "home assistant"})
+            return None
+        log.warning("checkpoint button on %s refused: %s", self.press_topic, why)
+        return why
+
+    # --- the state -------------------------------------------------------------------------------
+
+    async def _every(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+                await asyncio.sleep(SOON_S)
+            self._wake.clear()
+            try:
+                protect = self.s.protect
+                runs = await asyncio.to_thread(launch.recover, protect.registry) if protect.enabled else []
+                self.report(runs)
+            except Exception:  # the next round tries again; a report never stops the bridge
+                log.exception("reporting node %s", self.node)
+
+    def report(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        state = self.state(runs)
+        self.publish(self.state_topic, json.dumps(state).encode(), True)
+        if self.s.ha.discovery:
+            self._announce_runs(runs)
+        return state
+
+    def state(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        latest = self.ups.latest if self.ups is not None and self.ups.problem is None else None
+        ups = None
+        if latest is not None and not latest.fixed:
+            rt = None if latest.runtime_s is None else round(latest.runtime_s)
+            ups = {"name": self.s.ups.name, "status": " ".join(sorted(latest.status)), "runtime_s": rt}
+            ups["charge"] = latest.charge
+        # The node is on battery when its UPS says so; without a UPS read, when a sentinel on its
+        # circuit has lost mains (the host then runs on whatever keeps it up).
+        on_battery = ups is not None and latest is not None and latest.on_battery
+        if ups is None:
+            on_battery = bool(self._mains_lost)
+        view = self.rescuer.view()
+        phase = "saving" if view["active"] else "grace" if view["grace_until"] else "idle"
+        return {
+            "node": self.node,
+            "ts": round(time.time(), 3),
+            "version": holdover.__version__,
+            "on_battery": on_battery,
+            "power_from": "ups" if ups is not None else "sentinels",
+            "mains_lost_at": sorted(self._mains_lost),
+            "ups": ups,
+            "uplink": self.uplink(),
+            "rescue": phase,
+            "runs": {
+                r["name"]: {
+                    "state": r["state"],
+                    "job": r.get("job"),  # its Slurm job, which the cluster's bridge follows
+                    "step": (r.get("checkpoint") or {}).get("step"),
+                    "checkpoint_age_s": (r.get("checkpoint") or {}).get("age_s"),
+                }
+                for r in runs
+            },
+        }
+
+    # --- Home Assistant --------------------------------------------------------------------------
+
+    def device(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "ids": ["holdover_" + protocol.ha_node_id(self.node)],
+            "name": f"holdover node {self.node}",
+            "mf": "holdover",
+            "mdl": "bridge",
+            "sw": holdover.__version__,
+        }
+        url = self.s.dashboard_url()
+        if url:
+            d["cu"] = url
+        return d
+
+    def _entity(self, component: str, oid: str, name: str, template: str | None, **extra: Any) -> tuple[str, dict]:
+        uid = "holdover_" + protocol.ha_node_id(self.node) + "_" + oid
+        c: dict[str, Any] = {"name": name, "uniq_id": uid, "avty_t": self.status_topic, "dev": self.device()}
+        if template is not None:
+            c["stat_t"] = self.state_topic
+            c["val_tpl"] = "{{ " + template + " }}"
+        c.update(extra)
+        return protocol.ha_config_topic(self.s.ha.prefix, component, protocol.ha_node_id(self.node), oid), c
+
+    def discovery(self, runs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        """(topic, config) of every entity of this node: its own, then one pair per run."""
+        out = [
+            self._entity(
+                "binary_sensor",
+                "line_power",
+                "Line power",
+                "'OFF' if value_json.on_battery else 'ON'",
+                dev_cla="power",
+            ),
+            self._entity(
+                "sensor",
+                "rescue",
+                "Rescue",
+                "value_json.rescue",
+                dev_cla="enum",
+                ops=RESCUE_PHASES,
+                ic="mdi:content-save-alert",
+            ),
+            self._entity(
+                "button",
+                "checkpoint",
+                "Checkpoint every run now",
+                None,
+                cmd_t=self.press_topic,
+                pl_prs=protocol.PRESS,
+                ic="mdi:content-save",
+            ),
+        ]
+        if self.s.ups.enabled:
+            out += [
+                self._entity(
+                    "sensor",
+                    "ups_runtime",
+                    "UPS runtime",
+                    f"value_json.ups.runtime_s if value_json.ups else {_UNKNOWN}",
+                    dev_cla="duration",
+                    unit_of_meas="s",
+                    stat_cla="measurement",
+                ),
+                self._entity(
+                    "sensor",
+                    "ups_charge",
+                    "UPS charge",
+                    f"value_json.ups.charge if value_json.ups else {_UNKNOWN}",
+                    dev_cla="battery",
+                    unit_of_meas="%",
+                    stat_cla="measurement",
+                ),
+            ]
+        if self.s.failover.uplinks:
+            out.append(self._entity("sensor", "uplink", "Uplink in use", "value_json.uplink", ic="mdi:wan"))
+        for r in runs:
+            out += self._run_entities(r["name"])
+        return out
+
+    def _run_entities(self, name: str) -> list[tuple[str, dict[str, Any]]]:
+        oid = "run_" + _object_id(name)
+        at = "value_json.runs[" + json.dumps(name) + "]"
+        there = json.dumps(name) + " in value_json.runs"
+        return [
+            self._entity(
+                "sensor",
+                oid,
+                f"Run {name}",
+                f"{at}.state if {there} else 'gone'",
+                ic="mdi:chart-line",
+                json_attr_t=self.state_topic,
+                json_attr_tpl="{{ " + f"{at} | tojson if {there} else '{{}}'" + " }}",
+            ),
+            self._entity(
+                "sensor",
+                oid + "_checkpoint_age",
+                f"Run {name} checkpoint age",
+                f"{at}.checkpoint_age_s if {there} and {at}.checkpoint_age_s is not none else {_UNKNOWN}",
+                dev_cla="duration",
+                unit_of_meas="s",
+                stat_cla="measurement",
+            ),
+        ]
+
+    def _announce_runs(self, runs: list[dict[str, Any]]) -> None:
+        """Each run's entities announced once while it is listed, and removed (an empty retained
+        config) when it is not: a run finished a week ago leaves Home Assistant with it."""
+        now = {t: c for r in runs for t, c in self._run_entities(r["name"])}
+        for topic in sorted(set(now) - self._announced):
+            self.publish(topic, json.dumps(now[topic]).encode(), True)
+        for topic in sorted(self._announced - set(now)):
+            self.publish(topic, b"", True)
+        self._announced = set(now)

@@ -1,0 +1,188 @@
+"""A power cut drains a circuit's Slurm nodes and tells every job on them to checkpoint; power
+back and steady resumes what holdover drained. Debian's slurmctld, slurmd and munge in network
+namespaces (holdover.lab.slurm), a real Mosquitto, the emulated sentinel and a bridge."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from holdover.journal import Journal
+from holdover.lab import slurm as slurm_lab
+from holdover.lab.slurm import SlurmLab
+from support import KEY, wait_for
+
+needs_slurm = pytest.mark.skipif(
+    not slurm_lab.available(), reason="needs Debian's slurmd (scripts/ensure-system-deps.sh)"
+)
+
+NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12", "n3": "198.51.100.13"}
+# Each task writes which node it is on when told to checkpoint, and goes on (a training run saves
+# and continues); a bash trap runs between two sleeps. Single-quoted for the batch shell: each
+# task, not the batch shell on the first node, names its node.
+TASK = """srun bash -c 'trap "echo $SLURM_JOB_ID > {dir}/sig-$SLURMD_NODENAME" USR2; while :; do sleep 0.1; done'"""
+
+
+def _events(rig, kind: str) -> list[dict]:
+    with Journal(rig.dir / "journal.db", readonly=True) as j:
+        return [e.data for e in reversed(j.events(kinds=[kind]))]
+
+
+def _running(lab: SlurmLab, job: str) -> bool:
+    return "RUNNING" in lab.run("squeue", "-h", "-j", job, "-o", "%T")
+
+
+@needs_slurm
+def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back_resumes_only_ours(
+    rig_factory, tmp_path: Path
+) -> None:
+    with SlurmLab(NODES) as lab:
+        rig = rig_factory(
+            bridge_extra={
+                "slurm": {
+                    "circuits": [{"name": "rack1", "sentinel": "demo", "nodes": "n[1-2]"}],
+                    "grace": 1.5,
+                    "resume_after_s": 1.0,
+                    "timeout_s": 5,
+                    "conf": str(lab.conf),
+                    "netns": lab.netns,
+                }
+            }
+        )
+        rig.wait("boot", 15)
+        # A two-node job on n2 (in the circuit) and n3 (not): both its parts are told.
+        job = lab.run(
+            "sbatch", "--parsable", "-N2", "-w", "n2,n3", "-o", str(lab.dir / "job.out"),
+            "--wrap", TASK.format(dir=lab.dir),
+        ).strip()  # fmt: skip
+        wait_for(lambda: _running(lab, job), 15, "the job running")
+        time.sleep(0.5)  # the tasks' traps set
+
+        # A blip inside the grace moves nothing.
+        since = time.monotonic()
+        rig.control.send(mains=False)
+        rig.wait("mains_lost", 5, since)
+        rig.control.send(mains=True)
+        rig.wait("mains_restored", 5, since)
+        time.sleep(2.0)
+        assert _events(rig, "slurm_drained") == [] and lab.states()["n1"][0] == "idle"
+
+        since = time.monotonic()
+        rig.control.send(mains=False)
+        rig.wait("mains_lost", 5, since)
+        wait_for(lambda: _events(rig, "slurm_drained"), 10, "the circuit drained")
+        took = time.monotonic() - since
+        [drained] = _events(rig, "slurm_drained")
+        assert (drained["circuit"], drained["count"], drained["drained"]) == ("rack1", 2, True), drained
+        assert [(j["job"], j["signal"], j["nodes"]) for j in drained["jobs"]] == [(job, "USR2", "n[2-3]")]
+        states = lab.states()
+        for n in ("n1", "n2"):
+            state, reason = states[n]
+            assert state in ("drained", "draining") and reason.startswith("holdover: mains lost at demo since "), states
+        assert states["n3"][0] == "allocated", states  # not on the circuit: it runs on
+        wait_for(lambda: len(list(lab.dir.glob("sig-*"))) == 2, 5, "both parts of the job told")
+        assert sorted(p.name for p in lab.dir.glob("sig-*")) == ["sig-n2", "sig-n3"]
+        assert _running(lab, job)  # told to checkpoint, not killed
+
+        # An admin drains n1 for their own reason meanwhile: it stays drained when power is back.
+        lab.run("scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=admin: fan replaced")
+        since = time.monotonic()
+        rig.control.send(mains=True)
+        rig.wait("mains_restored", 5, since)
+        wait_for(lambda: _events(rig, "slurm_resumed"), 10, "the circuit resumed")
+        [resumed] = _events(rig, "slurm_resumed")
+        assert (resumed["nodes"], resumed["kept"]) == ("n2", [{"node": "n1", "reason": "admin: fan replaced"}])
+        states = lab.states()
+        assert states["n1"] == ("drained", "admin: fan replaced") and states["n2"][0].rstrip("*") in (
+            "allocated",
+            "mixed",
+        )
+
+        # Slurm gone: the bridge says so and goes on.
+        lab.stop("slurmctld")
+        since = time.monotonic()
+        rig.control.send(mains=False)
+        rig.wait("mains_lost", 5, since)
+        wait_for(lambda: _events(rig, "slurm_failed"), 20, "the failure told")
+        failed = _events(rig, "slurm_failed")[0]
+        assert failed["circuit"] == "rack1" and failed["error"], failed
+        assert rig.bridge.thread.is_alive()
+        print(f"cut -> drained and signalled: {took:.2f} s (grace 1.5 s)")
+
+
+@pytest.mark.parametrize(
+    ("slurm", "message"),
+    [
+        (
+            {"circuits": [{"name": "r", "nodes": "n1"}]},
+            "slurm.circuits.0: a circuit needs a sentinel, or ups = true",
+        ),
+        (
+            {"circuits": [{"name": "r", "sentinel": "rack9", "nodes": "n1"}]},
+            "slurm.circuits[0].sentinel 'rack9' is not a [[sentinels]] id",
+        ),
+        ({"circuits": [{"name": "r", "ups": True, "nodes": "n1"}]}, "slurm.circuits[0].ups: no [ups] to read"),
+        ({"signal": "USR9"}, "slurm.signal: 'USR9' is not a signal"),
+        (
+            {"signals": [{"partition": "gpu", "signal": "KILLME"}]},
+            "slurm.signals.0.signal: 'KILLME' is not a signal",
+        ),
+        ({"signal_to": "everyone"}, "slurm.signal_to: Input should be 'steps', 'full' or 'batch'"),
+    ],
+)
+def test_a_circuit_or_signal_that_cannot_work_is_refused_by_key(slurm: dict, message: str) -> None:
+    from holdover.settings import ConfigError, parse
+
+    with pytest.raises(ConfigError) as e:
+        parse({"sentinels": [{"id": "rack1", "key": KEY}], "slurm": slurm})
+    assert message in str(e.value), str(e.value)
+
+
+def test_each_job_gets_the_signal_of_the_first_rule_it_matches() -> None:
+    from holdover.settings import SlurmSettings
+
+    s = SlurmSettings.model_validate(
+        {
+            "signal": "SIGUSR2",
+            "signals": [
+                {"partition": "lightning", "signal": "sigusr1"},
+                {"job_name": "hf-*", "signal": "TERM"},
+                {"partition": "gpu", "job_name": "hf-*", "signal": "INT"},
+            ],
+        }
+    )
+    assert s.signal == "USR2"
+    assert s.signal_for("lightning", "hf-llama") == "USR1"
+    assert s.signal_for("gpu", "hf-llama") == "TERM"  # the first match, not the most specific
+    assert s.signal_for("gpu", "llama") == "USR2"
+
+
+@needs_slurm
+def test_the_bridge_refuses_a_circuit_naming_a_node_slurm_does_not_know(tmp_path: Path) -> None:
+    import subprocess
+
+    import tomli_w
+
+    from support import HOLDOVER
+
+    with SlurmLab({"n1": "198.51.100.11"}) as lab:
+        cfg = tmp_path / "holdover.toml"
+        cfg.write_text(
+            tomli_w.dumps(
+                {
+                    "journal": {"path": str(tmp_path / "j.db")},
+                    "sentinels": [{"id": "rack1", "key": KEY}],
+                    "web": {"enabled": False},
+                    "slurm": {
+                        "circuits": [{"name": "rack1", "sentinel": "rack1", "nodes": "n[1-2]"}],
+                        "conf": str(lab.conf),
+                        "netns": lab.netns,
+                    },
+                }
+            )
+        )
+        r = subprocess.run([HOLDOVER, "bridge", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert "slurm.circuits[0].nodes: Slurm knows no node n2 (sinfo -N lists them)" in r.stderr, r.stderr
