@@ -204,6 +204,14 @@ def node_topic(node, leaf):
     return ROOT + "/" + NODE + "/" + node + "/" + leaf
 
 
+def parse_node_topic(t):
+    """(node, leaf) for a node's topic (node_topic), or None."""
+    parts = t.split("/", 3)
+    if len(parts) != 4 or parts[0] != ROOT or parts[1] != NODE or not parts[2]:
+        return None
+    return parts[2], parts[3]
+
+
 def parse_topic(t):
     """(sid, leaf) for a holdover topic, or None."""
     if not t.startswith(ROOT + "/"):

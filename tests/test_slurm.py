@@ -45,6 +45,7 @@ def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back
                     "circuits": [{"name": "rack1", "sentinel": "demo", "nodes": "n[1-2]"}],
                     "grace": 1.5,
                     "resume_after_s": 1.0,
+                    "save_timeout_s": 4,
                     "timeout_s": 5,
                     "conf": str(lab.conf),
                     "netns": lab.netns,
@@ -75,7 +76,7 @@ def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back
         wait_for(lambda: _events(rig, "slurm_drained"), 10, "the circuit drained")
         took = time.monotonic() - since
         [drained] = _events(rig, "slurm_drained")
-        assert (drained["circuit"], drained["count"], drained["drained"]) == ("rack1", 2, True), drained
+        assert (drained["circuit"], drained["count"]) == ("rack1", 2), drained
         assert [(j["job"], j["signal"], j["nodes"]) for j in drained["jobs"]] == [(job, "USR2", "n[2-3]")]
         states = lab.states()
         for n in ("n1", "n2"):
@@ -100,15 +101,42 @@ def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back
             "mixed",
         )
 
-        # Slurm gone: the bridge says so and goes on.
+        # Its tasks only trap the signal: no node's bridge ever reports a checkpoint of it.
+        wait_for(lambda: _events(rig, "slurm_job_unsaved"), 10, "the job reported unsaved")
+        [unsaved] = _events(rig, "slurm_job_unsaved")
+        assert (unsaved["job"], unsaved["missing"]) == (job, "n2, n3"), unsaved
+
+        # Slurm gone during a cut: the bridge says so once, goes on, and drains when it is back.
         lab.stop("slurmctld")
+        rig.bridge.bridge.circuits.retry_s = 0.5
         since = time.monotonic()
         rig.control.send(mains=False)
         rig.wait("mains_lost", 5, since)
         wait_for(lambda: _events(rig, "slurm_failed"), 20, "the failure told")
         failed = _events(rig, "slurm_failed")[0]
-        assert failed["circuit"] == "rack1" and failed["error"], failed
+        assert failed["circuit"] == "rack1" and failed["what"] == "reading n[1-2]" and failed["error"], failed
         assert rig.bridge.thread.is_alive()
+        lab.restart("slurmctld")
+        wait_for(lambda: len(_events(rig, "slurm_drained")) == 2, 30, "the circuit drained once Slurm answers")
+        assert len(_events(rig, "slurm_failed")) == 1  # retried every 0.5 s, told once
+        states = lab.states()
+        assert states["n2"][1].startswith("holdover: mains lost at demo")
+        assert states["n1"] == ("drained", "admin: fan replaced"), states  # not ours: its reason kept
+        assert _events(rig, "slurm_drained")[1]["kept"] == [{"node": "n1", "reason": "admin: fan replaced"}]
+
+        # No job left on the circuit: a cut only drains.
+        lab.run("scancel", job)
+        since = time.monotonic()
+        rig.control.send(mains=True)
+        rig.wait("mains_restored", 5, since)
+        wait_for(lambda: len(_events(rig, "slurm_resumed")) == 2, 10, "resumed again")
+        wait_for(lambda: not lab.run("squeue", "-h", "-o", "%i").strip(), 10, "no job left")
+        since = time.monotonic()
+        rig.control.send(mains=False)
+        rig.wait("mains_lost", 5, since)
+        wait_for(lambda: len(_events(rig, "slurm_drained")) == 3, 10, "drained with no job")
+        last = _events(rig, "slurm_drained")[2]
+        assert (last["count"], last["jobs"], last["jobs_told"]) == (1, [], 0), last  # n2; n1 is the admin's
         print(f"cut -> drained and signalled: {took:.2f} s (grace 1.5 s)")
 
 
@@ -186,3 +214,116 @@ def test_the_bridge_refuses_a_circuit_naming_a_node_slurm_does_not_know(tmp_path
         r = subprocess.run([HOLDOVER, "bridge", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
         assert "slurm.circuits[0].nodes: Slurm knows no node n2 (sinfo -N lists them)" in r.stderr, r.stderr
+
+
+@needs_slurm
+def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
+    """A two-rank torch job (gloo, one rank a node, the Guard agreeing on the step), a bridge on
+    each node reporting its runs, the controller's bridge requeueing the job once both saved."""
+    import json
+    import sys
+
+    from holdover.bridge.service import Bridge, BridgeThread
+    from holdover.settings import Settings
+
+    pytest.importorskip("torch")
+    with SlurmLab({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
+        rig = rig_factory(
+            bridge_extra={
+                "slurm": {
+                    "circuits": [{"name": "rack1", "sentinel": "demo", "nodes": "n[1-2]"}],
+                    "grace": 0.5,
+                    "resume_after_s": 0.5,
+                    "then": "requeue",
+                    "save_timeout_s": 60,
+                    "conf": str(lab.conf),
+                    "netns": lab.netns,
+                }
+            }
+        )
+        nodes = []
+        for n in ("n1", "n2"):
+            cfg = Settings.model_validate(
+                {
+                    "mqtt": {"host": rig.broker.host, "port": rig.broker.port, "client_id": f"holdover-{n}"},
+                    "journal": {"path": str(lab.dir / f"journal-{n}.db")},
+                    "protect": {"registry": str(lab.dir / f"reg-{n}")},
+                    "failover": {"node": n},
+                    "web": {"enabled": False},
+                }
+            )
+            nodes.append(BridgeThread(Bridge(cfg)).start())
+        try:
+            rig.wait("boot", 15)
+            run = (
+                f"{sys.executable} -m holdover.lab.ddp_trainee --ckpt {lab.dir}/ckpt-$SLURMD_NODENAME"
+                f" --registry {lab.dir}/reg-$SLURMD_NODENAME --step-sleep 0.05"
+            )
+            job = lab.run(
+                "sbatch", "--parsable", "-N2", "-o", str(lab.dir / "job-%j.out"),
+                "--export", f"ALL,MASTER_ADDR={NODES['n1']},MASTER_PORT=29500,GLOO_SOCKET_IFNAME=eth0",
+                "--wrap", f"srun bash -c '{run}'",
+            ).strip()  # fmt: skip
+            regs = [lab.dir / "reg-n1" / "train.json", lab.dir / "reg-n2" / "train.rank1.json"]
+            wait_for(lambda: all(r.exists() for r in regs), 60, "both ranks registered (torch's import is slow here)")
+            since = time.monotonic()
+            rig.control.send(mains=False)
+            rig.wait("mains_lost", 5, since)
+            wait_for(lambda: _events(rig, "slurm_job_saved"), 30, "the job saved on both nodes")
+            took = time.monotonic() - since
+            [saved] = _events(rig, "slurm_job_saved")
+            assert (saved["job"], saved["count"], saved["then"]) == (job, 2, "requeued"), saved
+            step = saved["step"]
+            # Both ranks' checkpoints of that one step are on disk, each verified by its node's bridge.
+            for n, rank in (("n1", 0), ("n2", 1)):
+                assert (lab.dir / f"ckpt-{n}" / f"rank{rank}" / f"step_{step:09d}").is_dir(), list(
+                    (lab.dir / f"ckpt-{n}").rglob("step_*")
+                )
+            # Requeued: pending again, and nothing starts it while its nodes are drained.
+            wait_for(lambda: "PENDING" in lab.run("squeue", "-h", "-j", job, "-o", "%T"), 15, "the job pending")
+            # `holdover status` (the journal, no bridge needed) lists what was drained and each job's fate.
+            import subprocess
+
+            from support import HOLDOVER
+
+            r = subprocess.run(
+                [HOLDOVER, "status", "--config", str(rig.dir / "holdover.toml")],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert r.returncode == 0, r.stderr
+            assert "Slurm circuit rack1: n[1-2] drained" in r.stdout, r.stdout
+            assert f"job {job} (wrap, USR2): saved at step {step}, requeued" in r.stdout, r.stdout
+            # Power back and steady: the nodes resume, the job starts again and resumes from its checkpoint.
+            since = time.monotonic()
+            rig.control.send(mains=True)
+            rig.wait("mains_restored", 5, since)
+            wait_for(lambda: _events(rig, "slurm_resumed"), 15, "the nodes resumed")
+            # Slurm holds a requeued job back (its BeginTime, about two minutes); a person in a hurry
+            # says "now", as here.
+            lab.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+            out = lab.dir / f"job-{job}.out"
+
+            def resumed() -> dict[int, int]:
+                lines = (
+                    [json.loads(x) for x in out.read_text().splitlines() if x.startswith('{"rank"')]
+                    if out.exists()
+                    else []
+                )
+                return {x["rank"]: x["resumed"] for x in lines if "resumed" in x}
+
+            # The first run said 0; the requeued one names the step it loaded, on both ranks.
+            again = lambda: len(resumed()) == 2 and all(s >= step for s in resumed().values())  # noqa: E731
+            wait_for(
+                again,
+                60,
+                f"both ranks of the requeued job resumed from the saved step: {lab.run('squeue', '-h', '-o', '%i %T %r %N')}"
+                f"{lab.states()} {out.read_text()[-1500:] if out.exists() else 'no output'}",
+            )
+            print(
+                f"cut -> saved on both nodes at step {step} and requeued: {took:.1f} s (grace 0.5 s); resumed {resumed()}"
+            )
+        finally:
+            for b in nodes:
+                b.stop()

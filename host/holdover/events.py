@@ -237,6 +237,20 @@ _KINDS = (
         resolves="slurm_drained",
     ),
     Kind("slurm_failed", WARNING, "Slurm, circuit {circuit}: {what} failed: {error}", HOST),
+    Kind(
+        "slurm_job_saved",
+        INFO,
+        "Slurm job {job} ({name}) saved at step {step} on all {count} node(s)",
+        HOST,
+        doing="{then}",
+    ),
+    Kind(
+        "slurm_job_unsaved",
+        CRITICAL,
+        "Slurm job {job} ({name}) not saved on every node within {timeout_s} s",
+        HOST,
+        doing="no verified checkpoint of one step from: {missing}; the job was left running",
+    ),
 )
 TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)
@@ -273,6 +287,18 @@ class Reaction(Protocol):
 
     async def close(self) -> None:
         """Finish or cancel what is in flight; called when the bridge stops."""
+
+
+async def woken(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for `event` or `timeout` seconds: whether it was set. Not asyncio.wait_for, which in
+    Python 3.11 can swallow a cancel that lands as the event is set (the bridge's stop then waited
+    out its 15 s join: seen in the suite), so a task looping on it never ends."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=max(0.0, timeout))
+    finally:
+        waiter.cancel()
+    return event.is_set()
 
 
 class Polling(abc.ABC):

@@ -528,6 +528,13 @@ class SlurmSettings(_Strict):
         "steps", description="who is signalled: the steps' processes, with the batch shell, or the shell alone"
     )
     grace: float | None = Field(None, ge=0, description="seconds of a cut before draining; default [protect] grace")
+    then: Literal["run", "requeue", "hold"] = Field(
+        "run",
+        description="once a job is saved on every node it runs on: let it run, requeue it, or requeue and hold it",
+    )
+    save_timeout_s: float = Field(
+        300.0, gt=0, description="a job not saved on every node by then is reported unsaved (and left running)"
+    )
     resume_after_s: float = Field(60.0, ge=0, description="mains back and steady this long before nodes resume")
     timeout_s: float = Field(10.0, gt=0, le=120, description="each Slurm command's time limit")
     conf: ConfigPath | None = Field(None, description="SLURM_CONF for the commands; default: Slurm's own")

@@ -25,12 +25,14 @@ from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node import launch
 from holdover.node.rescue import Rescuer
+from holdover.node.targets import registry_dir
 from holdover.node.ups import UpsWatch
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.node_report")
 
 REPORT_EVERY_S = 30.0
+WATCH_S = 1.0  # how often the runs' registrations are looked at (a stat each)
 SOON_S = 0.3  # events come in bursts (a cut: mains_lost, ups_on_battery, the grace): one state for them
 RESCUE_PHASES = ["idle", "grace", "saving"]
 # Jinja for Home Assistant, on the state's JSON: each entity reads one field of it.
@@ -72,6 +74,7 @@ class NodeReport:
         self._announced: set[str] = set()  # config topics of run entities on the broker now
         self._last_press = -1e9
         self._wake = asyncio.Event()
+        self._registry_seen: tuple[tuple[str, int], ...] = ()
         self._task: asyncio.Task[None] | None = None
 
     # --- Reaction --------------------------------------------------------------------------------
@@ -126,12 +129,27 @@ class NodeReport:
 
     # --- the state -------------------------------------------------------------------------------
 
+    def _registry_changed(self) -> bool:
+        """A run saved (its Guard rewrote its registration) or came or went: worth a report now,
+        so the cluster's bridge hears of a checkpoint within a second, not at the next interval."""
+        try:
+            found = registry_dir(self.s.protect).glob("*.json")
+            seen = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in found))
+        except OSError:
+            seen = ()
+        changed, self._registry_seen = seen != self._registry_seen, seen
+        return changed
+
     async def _every(self) -> None:
+        last = 0.0
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+            if await events.woken(self._wake, WATCH_S):
                 await asyncio.sleep(SOON_S)
+            watched = self.s.protect.enabled and self._registry_changed()
+            if not (self._wake.is_set() or watched or time.monotonic() - last >= self.interval):
+                continue
             self._wake.clear()
+            last = time.monotonic()
             try:
                 protect = self.s.protect
                 runs = await asyncio.to_thread(launch.recover, protect.registry) if protect.enabled else []

@@ -110,8 +110,9 @@ class Bridge:
         bonds = self.settings.bonding
         if bonds.enabled and (bonds.proc / "net" / "bonding").is_dir():
             self.reactions.append(BondWatch(bonds, self.node_event))
-        if self.settings.slurm.enabled:
-            self.reactions.append(Circuits(self.settings, self.node_event))
+        self.circuits = Circuits(self.settings, self.node_event) if self.settings.slurm.enabled else None
+        if self.circuits is not None:
+            self.reactions.append(self.circuits)
         self._uplink_active: str | None = None  # from failover's last state
         self.node_report = NodeReport(
             self.settings,
@@ -237,6 +238,19 @@ class Bridge:
         self._react(event)
         return event
 
+    def _node_state(self, node: str, payload: bytes) -> None:
+        # Unsigned, from a node's bridge: read for what it says of runs, and nothing acts on it
+        # but the wait for a signalled job's checkpoints; a garbled one is named and dropped.
+        try:
+            body = json.loads(payload)
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            log.warning("node %s's state is not readable (%s): %r", node, e, payload[:80])
+            return
+        assert self.circuits is not None
+        self.circuits.node_state(node, body)
+
     def _publish(self, topic: str, payload: bytes, retain: bool) -> None:
         if self.link is not None:
             self.link.publish(topic, payload, retain=retain)
@@ -314,7 +328,9 @@ class Bridge:
             self.queue,
             loop,
             will=(self.node_report.status_topic, protocol.OFFLINE.encode()),
-            subscribe=(self.node_report.press_topic,),
+            # Beside slurmctld: every node's state, to know when a signalled job is saved everywhere.
+            subscribe=(self.node_report.press_topic,)
+            + ((protocol.node_topic("+", protocol.STATE),) if self.circuits else ()),
             on_connect=self.node_report.connected,
         )
         self.link.start()
@@ -338,10 +354,13 @@ class Bridge:
                 done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     item = getter.result()
-                    if item.topic == self.node_report.press_topic:
-                        self.node_report.pressed(item.payload, item.retained)  # not a sentinel's: no gate
-                    else:
+                    node = protocol.parse_node_topic(item.topic) if item.topic else None
+                    if node is None:
                         self.handle(item)
+                    elif item.topic == self.node_report.press_topic:
+                        self.node_report.pressed(item.payload, item.retained)  # not a sentinel's: no gate
+                    elif node[1] == protocol.STATE and self.circuits is not None:
+                        self._node_state(node[0], item.payload)
                 else:
                     getter.cancel()
         finally:

@@ -224,6 +224,7 @@ def status(
             "runs": launch.recover(cfg.protect.registry),
             "uplinks": snapshot.uplinks(j),
             "checkpoints": snapshot.checkpoints(j, 5),
+            "slurm": snapshot.slurm(j, cfg),
         }
     if as_json:
         typer.echo(json.dumps(st, indent=2, default=str))
@@ -277,6 +278,17 @@ def status(
         f"uplink: {up['active'] or 'primary (no failover recorded)'}"
         + (f" since {up['since_s']:.0f} s" if up["since_s"] else "")
     )
+    for c in st["slurm"]:
+        if not c["drained"]:
+            out.print(f"Slurm circuit {escape(c['circuit'])} ({escape(c['nodes'])}): [green]not drained[/green]")
+        else:
+            out.print(
+                f"Slurm circuit {escape(c['circuit'])}: [red]{escape(c['nodes'])} drained[/red] "
+                f"{duration(c['age_s'])} ago: {escape(c['reason'] or '')}",
+                soft_wrap=True,
+            )
+        for job in c["jobs"]:
+            out.print(f"  job {escape(job['job'])} ({escape(job['name'])}, {job['signal']}): {escape(job['state'])}")
 
 
 @app.command(rich_help_panel=RUN)

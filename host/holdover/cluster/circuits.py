@@ -5,6 +5,10 @@ running elsewhere included) is told to checkpoint with its signal. When the powe
 stayed back for resume_after_s, the nodes holdover drained are resumed; a node whose reason is no
 longer holdover's (an admin drained it meanwhile) stays as it is.
 
+A job told to checkpoint is saved when every node it runs on reports, through its own bridge's
+retained state (holdover/node/NODE/state, bridge/node_report.py), a verified checkpoint of the
+job made since the signal, all of the same step. Then [slurm] then: run on, requeue, or hold.
+
 Everything it does is a host event (journaled, alerted, on the dashboard); Slurm trouble is one
 too (slurm_failed) and never stops the bridge: every command runs on a thread, under a timeout.
 """
@@ -19,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from holdover import events
-from holdover.cluster.slurm import REASON_PREFIX, Slurm, SlurmError
+from holdover.cluster.slurm import REASON_PREFIX, Job, Slurm, SlurmError
 from holdover.firmware import protocol
 from holdover.journal import Event
 from holdover.settings import Settings, SlurmCircuit
@@ -29,10 +33,22 @@ log = logging.getLogger("holdover.cluster")
 SLURM_DRAINED = "slurm_drained"
 SLURM_RESUMED = "slurm_resumed"
 SLURM_FAILED = "slurm_failed"
+SLURM_JOB_SAVED = "slurm_job_saved"
+SLURM_JOB_UNSAVED = "slurm_job_unsaved"
+CLOCK_SLACK_S = 2.0  # the nodes' clocks against this one's, when judging "made since the signal"
+
+
+def _out_of_service(state: str, reason: str) -> bool:
+    """Drained, draining, down or failed by someone other than holdover (sinfo's %T words)."""
+    if reason.startswith(REASON_PREFIX):
+        return False
+    return any(w in state for w in ("drain", "down", "fail", "maint", "reboot"))
 
 
 class Circuits:
     """A Reaction: Slurm's nodes follow their circuit's power."""
+
+    retry_s = 5.0  # slurmctld down or slow during a cut: drain and list again this often until power is back
 
     def __init__(
         self,
@@ -47,6 +63,10 @@ class Circuits:
         self._pending: dict[str, asyncio.Task[None]] = {}  # circuit -> its drain or resume, waiting
         self._out: dict[str, str] = {}  # circuit -> why it is out (the reason's words), while it is
         self._in_grace: set[str] = set()  # circuits whose cut has not yet drained anything
+        self.node_states: dict[str, dict[str, Any]] = {}  # node -> its bridge's last retained state
+        self._heard = asyncio.Event()  # a node state came in: the jobs waiting to be saved look again
+        self._follows: set[asyncio.Task[None]] = set()
+        self._said: dict[str, str] = {}  # circuit -> the Slurm failure last told (told once, not each retry)
 
     # --- Reaction --------------------------------------------------------------------------------
 
@@ -70,8 +90,13 @@ class Circuits:
                     # Also after a bridge restart: _back resumes only nodes whose reason is holdover's.
                     self._replace(c, self._back(c))
 
+    def node_state(self, node: str, body: dict[str, Any]) -> None:
+        """A node's bridge said what its runs are doing (holdover/node/NODE/state)."""
+        self.node_states[node] = body
+        self._heard.set()
+
     async def close(self) -> None:
-        for t in list(self._pending.values()):  # a cancelled one takes itself out
+        for t in [*self._follows, *self._pending.values()]:  # a cancelled one takes itself out
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await t
@@ -114,35 +139,56 @@ class Circuits:
     async def _call(self, c: SlurmCircuit, what: str, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         """(True, what fn returned), or (False, None) once the failure is told."""
         try:
-            return True, await asyncio.to_thread(fn, *args)
+            found = await asyncio.to_thread(fn, *args)
         except SlurmError as e:
             log.error("circuit %s: %s: %s", c.name, what, e)
-            self.raise_event(SLURM_FAILED, {"circuit": c.name, "what": what, "error": str(e)})
+            if self._said.get(c.name) != str(e):
+                self._said[c.name] = str(e)
+                self.raise_event(SLURM_FAILED, {"circuit": c.name, "what": what, "error": str(e)})
             return False, None
+        self._said.pop(c.name, None)
+        return True, found
+
+    async def _retrying(self, c: SlurmCircuit, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn until Slurm answers: a cut is worth draining late rather than never. Ends with the
+        task, which power back cancels."""
+        while True:
+            ok, found = await self._call(c, what, fn, *args)
+            if ok:
+                return found
+            await asyncio.sleep(self.retry_s)
 
     async def _cut(self, c: SlurmCircuit, why: str, event: Event) -> None:
         self._in_grace.add(c.name)
         await asyncio.sleep(self.grace)
         self._in_grace.discard(c.name)
-        _, names = await self._call(c, f"expanding {c.nodes}", self.slurm.hostnames, c.nodes)
-        if not names:
-            return
+        names = await self._retrying(c, f"expanding {c.nodes}", self.slurm.hostnames, c.nodes)
         reason = f"{REASON_PREFIX} {why}"
-        drained, _ = await self._call(c, f"draining {c.nodes}", self.slurm.drain, names, reason)
-        _, jobs = await self._call(c, f"listing the jobs on {c.nodes}", self.slurm.jobs_on, names)
+        # A node someone else took out (drained, down) keeps their reason: draining it again
+        # would write ours over it, and power back would then resume it.
+        states = await self._retrying(c, f"reading {c.nodes}", self.slurm.nodes, names)
+        theirs = {n: states[n][1] for n in names if n in states and _out_of_service(*states[n])}
+        todo = [n for n in names if n not in theirs]
+        if todo:
+            await self._retrying(c, f"draining {','.join(todo)}", self.slurm.drain, todo, reason)
+        jobs = await self._retrying(c, f"listing the jobs on {c.nodes}", self.slurm.jobs_on, names)
         told, failed = [], []
-        for job in jobs or []:
+        for job in jobs:  # one try each: a job that ended meanwhile is refused, and told as such
             sig = self.s.signal_for(job.partition, job.name)
             ok, _ = await self._call(c, f"signalling job {job.id}", self.slurm.signal, job.id, sig)
             entry = {"job": job.id, "name": job.name, "partition": job.partition, "nodes": job.nodes, "signal": sig}
             (told if ok else failed).append(entry)
+            if ok:
+                follow = asyncio.get_running_loop().create_task(self._follow(c, job, time.time()))
+                self._follows.add(follow)
+                follow.add_done_callback(self._follows.discard)
         self.raise_event(
             SLURM_DRAINED,
             {
                 "circuit": c.name,
                 "nodes": c.nodes,
-                "count": len(names),
-                "drained": drained,
+                "count": len(todo),
+                "kept": [{"node": n, "reason": why} for n, why in theirs.items()],
                 "reason": reason,
                 "jobs": told,
                 "unsignalled": failed,
@@ -153,18 +199,63 @@ class Circuits:
 
     async def _back(self, c: SlurmCircuit) -> None:
         await asyncio.sleep(self.s.resume_after_s)
-        _, names = await self._call(c, f"expanding {c.nodes}", self.slurm.hostnames, c.nodes)
-        if not names:
-            return
-        ok, states = await self._call(c, f"reading {c.nodes}", self.slurm.nodes, names)
-        if not ok:
-            return
+        names = await self._retrying(c, f"expanding {c.nodes}", self.slurm.hostnames, c.nodes)
+        states = await self._retrying(c, f"reading {c.nodes}", self.slurm.nodes, names)
         ours = [n for n in names if states.get(n, ("", ""))[1].startswith(REASON_PREFIX)]
         kept = [{"node": n, "reason": states[n][1]} for n in names if n in states and n not in ours and states[n][1]]
         if not ours:
             return  # nothing of holdover's to undo (a restart may have missed the cut)
-        await self._call(c, f"resuming {','.join(ours)}", self.slurm.resume, ours)
+        await self._retrying(c, f"resuming {','.join(ours)}", self.slurm.resume, ours)
         self.raise_event(
             SLURM_RESUMED,
             {"circuit": c.name, "nodes": ",".join(ours), "count": len(ours), "kept": kept},
         )
+
+    # --- a signalled job, until every node has saved it -----------------------------------------
+
+    def _saved(self, job: Job, nodes: list[str], since: float) -> tuple[int | None, list[str]]:
+        """The step every node of the job has a verified checkpoint of, made since `since`, or
+        (None, the nodes without one)."""
+        steps, missing = set(), []
+        for n in nodes:
+            state = self.node_states.get(n) or {}
+            runs = [r for r in (state.get("runs") or {}).values() if isinstance(r, dict) and r.get("job") == job.id]
+            made = [
+                r["step"]
+                for r in runs
+                if r.get("step") is not None
+                and isinstance(r.get("checkpoint_age_s"), int | float)
+                and float(state.get("ts", 0)) - r["checkpoint_age_s"] >= since - CLOCK_SLACK_S
+            ]
+            if not made:
+                missing.append(n)
+            else:
+                steps.add(max(made))
+        if missing or len(steps) != 1:
+            return None, missing or [f"{n} (steps differ: {sorted(steps)})" for n in nodes]
+        return steps.pop(), []
+
+    async def _follow(self, c: SlurmCircuit, job: Job, since: float) -> None:
+        ok, nodes = await self._call(c, f"expanding job {job.id}'s nodes {job.nodes}", self.slurm.hostnames, job.nodes)
+        if not ok:
+            return
+        deadline = time.monotonic() + self.s.save_timeout_s
+        step, missing = self._saved(job, nodes, since)
+        while step is None and time.monotonic() < deadline:
+            self._heard.clear()
+            await events.woken(self._heard, deadline - time.monotonic())
+            step, missing = self._saved(job, nodes, since)
+        data: dict[str, Any] = {"circuit": c.name, "job": job.id, "name": job.name, "nodes": job.nodes}
+        if step is None:
+            self.raise_event(
+                SLURM_JOB_UNSAVED, {**data, "missing": ", ".join(missing), "timeout_s": self.s.save_timeout_s}
+            )
+            return
+        then = {"run": "left running", "requeue": "requeued", "hold": "requeued and held"}[self.s.then]
+        if self.s.then == "requeue":
+            ok, _ = await self._call(c, f"requeueing job {job.id}", self.slurm.requeue, job.id)
+        elif self.s.then == "hold":
+            ok, _ = await self._call(c, f"holding job {job.id}", self.slurm.hold, job.id)
+        if not ok:
+            then = f"not {then}: Slurm refused (see slurm_failed)"
+        self.raise_event(SLURM_JOB_SAVED, {**data, "step": step, "count": len(nodes), "then": then})

@@ -52,6 +52,7 @@ class SlurmLab:
         self.socket = self.dir / "munge" / "munge.socket"
         self._ns: dict[str, Any] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, tuple[str, list[str]]] = {}  # daemon -> (namespace, argv), to start again
 
     @property
     def netns(self) -> str:
@@ -84,6 +85,10 @@ class SlurmLab:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
+
+    def restart(self, name: str) -> None:
+        """Start a stopped daemon again as it first ran (its state is in its own files)."""
+        self._start(name, *self._argv[name])
 
     def __exit__(self, *exc: object) -> None:
         for name in reversed(list(self._procs)):
@@ -196,6 +201,7 @@ PartitionName=gpu Nodes={names} Default=YES MaxTime=INFINITE State=UP
         return ["nsenter", f"--net=/run/netns/{self.ns_names[where]}"]
 
     def _start(self, name: str, where: str, argv: list[str]) -> None:
+        self._argv[name] = (where, argv)
         host = CTL[0] if where == "ctl" else where
         script = f"hostname {host} && exec {' '.join(argv)}"
         self._procs[name] = subprocess.Popen(

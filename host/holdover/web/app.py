@@ -31,6 +31,7 @@ from holdover.web.routes import (
     page,
     runs,
     sentinels,
+    slurm,
     ups,
 )
 
@@ -45,7 +46,7 @@ def build(bridge: Bridge, settings: WebSettings) -> FastAPI:
     app.state.settings = settings
     app.state.feed = Feed()
     bridge.reactions.append(app.state.feed)
-    for module in (outages, sentinels, ups, runs, checkpoints, failover, events, actions, health, metrics, page):
+    for module in (outages, sentinels, ups, runs, checkpoints, failover, slurm, events, actions, health, metrics, page):
         app.include_router(module.router)
     # The page's charting library (uPlot), vendored: a dashboard during an outage fetches nothing
     # from outside, and the uplink may be what is down.

@@ -129,3 +129,34 @@ def folded(
     covers: a full page reaches back to its oldest event, a short one to the journal's start."""
     lo = page[-1].id if page and len(page) == limit else 0
     return {k: n for k in kinds if (n := journal.count([k], sid, lo, before))}
+
+
+SLURM_KINDS = ("slurm_drained", "slurm_resumed", "slurm_job_saved", "slurm_job_unsaved")
+
+
+def slurm(journal: Journal, cfg: Settings) -> list[dict[str, Any]]:
+    """Each circuit of [slurm]: whether holdover has its nodes drained now (since when, why), and
+    the jobs it told to checkpoint with what became of each (saved at step N, then what; unsaved)."""
+    if not cfg.slurm.enabled:
+        return []
+    evs = list(reversed(journal.events(kinds=SLURM_KINDS, limit=1000)))  # oldest first
+    out = []
+    for c in cfg.slurm.circuits:
+        mine = [e for e in evs if e.data.get("circuit") == c.name]
+        drains = [i for i, e in enumerate(mine) if e.kind == "slurm_drained"]
+        circuit: dict[str, Any] = {"circuit": c.name, "nodes": c.nodes, "drained": False, "jobs": []}
+        if drains:
+            last = mine[drains[-1]]
+            after = mine[drains[-1] + 1 :]
+            circuit["drained"] = not any(e.kind == "slurm_resumed" for e in after)
+            circuit.update(since=last.rx_ts, reason=last.data.get("reason"), age_s=_age(last.rx_ts))
+            for j in last.data.get("jobs") or []:
+                fate = next((e for e in after if e.kind != "slurm_resumed" and e.data.get("job") == j["job"]), None)
+                job = {**j, "state": "told to checkpoint"}
+                if fate is not None and fate.kind == "slurm_job_saved":
+                    job.update(state=f"saved at step {fate.data.get('step')}, {fate.data.get('then')}")
+                elif fate is not None:
+                    job.update(state=f"not saved: {fate.data.get('missing')}")
+                circuit["jobs"].append(job)
+        out.append(circuit)
+    return out

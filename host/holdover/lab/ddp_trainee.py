@@ -1,0 +1,69 @@
+"""A data-parallel torch job (gloo, CPU) protected by a Guard, one rank a process: for the cluster
+tests, where Slurm starts one rank per node. The ranks agree on the step they save at (the
+Guard's all_reduce), which is what makes a multi-node checkpoint one checkpoint.
+
+    srun python -m holdover.lab.ddp_trainee --ckpt DIR --registry DIR [--name train] [--step-sleep 0.05]
+
+Rank and world from Slurm (SLURM_PROCID, SLURM_NTASKS) or torchrun (RANK, WORLD_SIZE); the
+rendezvous at MASTER_ADDR:MASTER_PORT. Resumes from its newest verified checkpoint (a requeued
+job starts again this way) and says so: {"rank", "resumed": STEP}; then one JSON line per step
+({"rank", "step", "loss"}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from holdover.train import protect
+
+    ap = argparse.ArgumentParser(prog="python -m holdover.lab.ddp_trainee", description=__doc__)
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--registry", default=None)
+    ap.add_argument("--name", default="train")
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--step-sleep", type=float, default=0.05)
+    args = ap.parse_args(argv)
+
+    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+    world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
+    master = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    dist.init_process_group("gloo", init_method=master, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.Generator().manual_seed(rank)
+    guard = protect(args.ckpt, args.name, model=model, optimizer=opt, registry_dir=args.registry)
+    first = guard.resume() + 1
+    print(json.dumps({"rank": rank, "resumed": first - 1}), flush=True)
+    try:
+        for step in range(first, args.steps + 1):
+            loss = model(torch.randn(16, 64, generator=data)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            for p in model.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            opt.step()
+            print(json.dumps({"rank": rank, "step": step, "loss": round(loss.item(), 5)}), flush=True)
+            if guard.step_end(step, loss=loss.item()):
+                break
+            time.sleep(args.step_sleep)
+    finally:
+        guard.close()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
