@@ -65,9 +65,14 @@ def cut_and_restore(rig: Rig, lab: SlurmLab, job: str, sig_dir: Path) -> float |
     resumed = len(events(rig, "slurm_resumed"))
     t0 = time.time()
     rig.control.send(mains=False)
+
+    def told() -> list[float] | None:
+        # A trap's file can be there before its time is in it.
+        times = [p.read_text().strip() for p in sig_dir.glob("sig-*")]
+        return [float(x) for x in times] if len(times) == 2 and all(times) else None
+
     try:
-        wait("both ranks told", lambda: len(list(sig_dir.glob("sig-*"))) == 2, 10)
-        got = max(float(p.read_text()) for p in sig_dir.glob("sig-*")) - t0
+        got: float | None = max(wait("both ranks told", told, 10)) - t0
     except TimeoutError:
         got = None
     rig.control.send(mains=True)

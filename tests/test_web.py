@@ -524,3 +524,74 @@ def test_a_week_of_history_is_plotted_with_times_units_and_a_chosen_span(tmp_pat
                         browser.close()
         finally:
             bt.stop()
+
+
+def test_the_slurm_tile_says_what_was_drained_and_what_became_of_each_job(tmp_path) -> None:
+    # The journal as the controller's bridge leaves it after a cut (tests/test_slurm.py makes these
+    # events with a real Slurm): the page reads it like the status command does.
+    from types import SimpleNamespace
+
+    from holdover.bridge.service import Bridge, BridgeThread
+    from holdover.settings import Settings
+
+    with Journal(tmp_path / "j.db") as j:
+        j.host_event(
+            "node",
+            "slurm_drained",
+            {
+                "circuit": "rack1",
+                "nodes": "gpu[01-04]",
+                "count": 4,
+                "kept": [],
+                "reason": "holdover: mains lost at rack1 since 18:14",
+                "jobs": [
+                    {"job": "17", "name": "llama", "partition": "gpu", "nodes": "gpu[01-02]", "signal": "USR2"},
+                    {"job": "18", "name": "vit", "partition": "gpu", "nodes": "gpu03", "signal": "USR1"},
+                ],
+                "unsignalled": [],
+                "jobs_told": 2,
+                "cause": "mains_lost",
+            },
+        )
+        j.host_event(
+            "node",
+            "slurm_job_saved",
+            {
+                "circuit": "rack1",
+                "job": "17",
+                "name": "llama",
+                "nodes": "gpu[01-02]",
+                "step": 1200,
+                "count": 2,
+                "then": "requeued",
+            },
+        )
+    cfg = Settings.model_validate(
+        {
+            "mqtt": {"port": free_port()},
+            "journal": {"path": str(tmp_path / "j.db")},
+            "protect": {"registry": str(tmp_path / "reg")},
+            "sentinels": [{"id": "rack1", "key": KEY}],
+            "slurm": {"circuits": [{"name": "rack1", "sentinel": "rack1", "nodes": "gpu[01-04]"}]},
+        }
+    )
+    bt = BridgeThread(Bridge(cfg)).start()
+    try:
+        with serving(SimpleNamespace(bridge=bt)) as client:
+            [c] = client.get("/api/slurm").json()
+            assert (c["circuit"], c["drained"], c["reason"]) == (
+                "rack1",
+                True,
+                "holdover: mains lost at rack1 since 18:14",
+            )
+            assert [j["state"] for j in c["jobs"]] == ["saved at step 1200, requeued", "told to checkpoint"]
+            with phone(client) as page:
+                tile = page.locator("#slurm")
+                tile.locator('[data-job="18"]').wait_for(timeout=10000)
+                text = tile.inner_text()
+                assert "rack1 gpu[01-04]" in text and "drained" in text, text
+                assert "job 17 (llama, USR2): saved at step 1200, requeued" in text, text
+                assert "job 18 (vit, USR1): told to checkpoint" in text, text
+                page.locator("#slurm-box").screenshot(path=str(ARTIFACTS / "dashboard-slurm.png"))
+    finally:
+        bt.stop()
