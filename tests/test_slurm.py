@@ -25,6 +25,12 @@ NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12", "n3": "198.51.100.13"}
 TASK = """srun bash -c 'trap "echo $SLURM_JOB_ID > {dir}/sig-$SLURMD_NODENAME" USR2; while :; do sleep 0.1; done'"""
 
 
+def _slurm(lab: SlurmLab, **more: object) -> dict:
+    """[slurm] for a bridge beside the lab's controller: circuit rack1 is n[1-2], on the rig's sentinel."""
+    circuit = {"name": "rack1", "sentinel": "demo", "nodes": "n[1-2]"}
+    return {"slurm": {"circuits": [circuit], "conf": str(lab.conf), "netns": lab.netns, **more}}
+
+
 def _events(rig, kind: str) -> list[dict]:
     with Journal(rig.dir / "journal.db", readonly=True) as j:
         return [e.data for e in reversed(j.events(kinds=[kind]))]
@@ -39,19 +45,7 @@ def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back
     rig_factory, tmp_path: Path
 ) -> None:
     with SlurmLab(NODES) as lab:
-        rig = rig_factory(
-            bridge_extra={
-                "slurm": {
-                    "circuits": [{"name": "rack1", "sentinel": "demo", "nodes": "n[1-2]"}],
-                    "grace": 1.5,
-                    "resume_after_s": 1.0,
-                    "save_timeout_s": 4,
-                    "timeout_s": 5,
-                    "conf": str(lab.conf),
-                    "netns": lab.netns,
-                }
-            }
-        )
+        rig = rig_factory(bridge_extra=_slurm(lab, grace=1.5, resume_after_s=1.0, save_timeout_s=4, timeout_s=5))
         rig.wait("boot", 15)
         # A two-node job on n2 (in the circuit) and n3 (not): both its parts are told.
         job = lab.run(
@@ -228,19 +222,8 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
 
     pytest.importorskip("torch")
     with SlurmLab({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
-        rig = rig_factory(
-            bridge_extra={
-                "slurm": {
-                    "circuits": [{"name": "rack1", "sentinel": "demo", "nodes": "n[1-2]"}],
-                    "grace": 0.5,
-                    "resume_after_s": 0.5,
-                    "then": "requeue",
-                    "save_timeout_s": 60,
-                    "conf": str(lab.conf),
-                    "netns": lab.netns,
-                }
-            }
-        )
+        more = {"grace": 0.5, "resume_after_s": 0.5, "then": "requeue", "save_timeout_s": 60}
+        rig = rig_factory(bridge_extra=_slurm(lab, **more))
         nodes = []
         for n in ("n1", "n2"):
             cfg = Settings.model_validate(

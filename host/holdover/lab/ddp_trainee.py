@@ -5,9 +5,10 @@ Guard's all_reduce), which is what makes a multi-node checkpoint one checkpoint.
     srun python -m holdover.lab.ddp_trainee --ckpt DIR --registry DIR [--name train] [--step-sleep 0.05]
 
 Rank and world from Slurm (SLURM_PROCID, SLURM_NTASKS) or torchrun (RANK, WORLD_SIZE); the
-rendezvous at MASTER_ADDR:MASTER_PORT. Resumes from its newest verified checkpoint (a requeued
-job starts again this way) and says so: {"rank", "resumed": STEP}; then one JSON line per step
-({"rank", "step", "loss"}).
+rendezvous at MASTER_ADDR:MASTER_PORT. Resumes from the newest checkpoint every rank has (a
+requeued job starts again this way) and says so: {"rank", "resumed": STEP, "digest"}; then one
+JSON line per step ({"rank", "step", "loss", "digest"}), the digest a hash of the model's and
+optimizer's state, so a resumed run can be compared bit for bit with the run it continues.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="train")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--save-at", default="", help="steps to save at, as if asked (3,6)")
     args = ap.parse_args(argv)
+    save_at = {int(x) for x in args.save_at.split(",") if x}
 
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
     world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     data = torch.Generator().manual_seed(rank)
     guard = protect(args.ckpt, args.name, model=model, optimizer=opt, registry_dir=args.registry)
     first = guard.resume() + 1
-    print(json.dumps({"rank": rank, "resumed": first - 1}), flush=True)
+    print(json.dumps({"rank": rank, "resumed": first - 1, "digest": _digest(model, opt)}), flush=True)
     try:
         for step in range(first, args.steps + 1):
             loss = model(torch.randn(16, 64, generator=data)).pow(2).mean()
@@ -55,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
                 dist.all_reduce(p.grad)
                 p.grad /= world
             opt.step()
-            print(json.dumps({"rank": rank, "step": step, "loss": round(loss.item(), 5)}), flush=True)
+            line = {"rank": rank, "step": step, "loss": round(loss.item(), 5), "digest": _digest(model, opt)}
+            print(json.dumps(line), flush=True)
+            if step in save_at:
+                guard.request("manual")
             if guard.step_end(step, loss=loss.item()):
                 break
             time.sleep(args.step_sleep)
@@ -63,6 +69,21 @@ def main(argv: list[str] | None = None) -> int:
         guard.close()
         dist.destroy_process_group()
     return 0
+
+
+def _digest(model, opt) -> str:
+    """The model's and optimizer's state, hashed: equal digests, bit-identical state."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    tensors = list(model.state_dict().values())
+    for st in opt.state_dict()["state"].values():
+        tensors += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 if __name__ == "__main__":

@@ -377,7 +377,13 @@ class Guard:
         counted by `keep`) with a message naming the file. When there are checkpoints and every one
         is damaged, raises CheckpointError naming each and why, and moves nothing: starting again
         from step 0 is the caller's choice (`fresh_if_damaged=True`), never a silent one.
+
+        In a job of several ranks, every rank loads the same step: the newest that verifies on all
+        of them (a newer step that only some ranks saved, or that is damaged on one, is passed over
+        by all), agreed through the process group; the all-damaged rule then holds for the job.
         """
+        if self.world > 1:
+            return self._resume_together(fresh_if_damaged)
         from holdover.train import state
 
         damaged: list[tuple[Path, str]] = []
@@ -389,17 +395,25 @@ class Guard:
                 damaged.append((directory, str(e)))
                 continue
             self._set_aside(damaged)
-            state.apply(loaded, self.model, self.optimizer, self.scheduler)
-            self.resumed_step = loaded.step
-            self.extra = loaded.train.get("extra", {})
-            self._stored_norms = loaded.manifest.meta.get("grad_norm")
-            self._after_resume = []
-            self._steps_since_resume = 0
-            if self.interval:
-                self.interval.last_save_step = loaded.step
-            self.log(f"holdover: resumed {self.name} from {directory} (step {loaded.step})")
-            return loaded.step
-        if damaged and not fresh_if_damaged:
+            return self._resumed(loaded, directory)
+        return self._fresh(damaged, fresh_if_damaged, raise_it=bool(damaged))
+
+    def _resumed(self, loaded: Any, directory: Path) -> int:
+        from holdover.train import state
+
+        state.apply(loaded, self.model, self.optimizer, self.scheduler)
+        self.resumed_step = loaded.step
+        self.extra = loaded.train.get("extra", {})
+        self._stored_norms = loaded.manifest.meta.get("grad_norm")
+        self._after_resume = []
+        self._steps_since_resume = 0
+        if self.interval:
+            self.interval.last_save_step = loaded.step
+        self.log(f"holdover: resumed {self.name} from {directory} (step {loaded.step})")
+        return int(loaded.step)
+
+    def _fresh(self, damaged: list[tuple[Path, str]], fresh_if_damaged: bool, raise_it: bool) -> int:
+        if raise_it and not fresh_if_damaged:
             lines = "".join(f"\n  {d.name}: {why}" for d, why in damaged)
             raise ckpt.CheckpointError(
                 f"every checkpoint in {self.root} is damaged, so the run would restart from step 0:{lines}\n"
@@ -408,6 +422,50 @@ class Guard:
         self._set_aside(damaged)
         self.extra = {}
         return 0
+
+    def _resume_together(self, fresh_if_damaged: bool) -> int:
+        """resume() for a rank of a job: propose the newest step this rank has verified, take the
+        lowest proposal, and load it if every rank has it verified; else look below it."""
+        from holdover.train import state
+
+        steps: dict[int, Path] = {}
+        for d in ckpt.candidates(self.root):  # newest first: a step's newest generation wins
+            steps.setdefault(int(d.name.partition(".")[0][len("step_") :]), d)
+        why_bad: dict[int, str] = {}
+
+        def good(step: int) -> bool:
+            if step not in why_bad:
+                try:
+                    ckpt.verify(steps[step], self.threads)
+                    why_bad[step] = ""
+                except ckpt.CheckpointError as e:
+                    self.log(f"holdover: skipping damaged checkpoint {steps[step].name}: {e}")
+                    why_bad[step] = str(e)
+            return not why_bad[step]
+
+        bound = 2**31 - 1
+        while True:
+            mine = next((n for n in sorted(steps, reverse=True) if n <= bound and good(n)), 0)
+            agreed = -_agree(-mine, self.world)  # the lowest proposal
+            if agreed == 0:
+                break
+            if -_agree(-int(agreed in steps and good(agreed)), self.world) == 1:
+                damaged = [(steps[n], why) for n, why in why_bad.items() if why and n > agreed]
+                self._set_aside(damaged)
+                if mine > agreed:
+                    self.log(f"holdover: rank {self.rank} has step {mine}, not every rank does: loading {agreed}")
+                return self._resumed(state.load(steps[agreed], self.threads), steps[agreed])
+            bound = agreed - 1
+        # No step every rank has: the job starts fresh, unless a rank had checkpoints and every one
+        # of them is damaged, which stops every rank alike.
+        damaged = [(steps[n], why) for n, why in why_bad.items() if why]
+        all_bad = bool(steps) and all(why_bad.get(n) for n in steps)
+        if _agree(int(all_bad), self.world) and not fresh_if_damaged:
+            raise ckpt.CheckpointError(
+                f"rank {self.rank}: a rank's checkpoints are all damaged ({len(damaged)} here), so the job "
+                "would restart from step 0; resume(fresh_if_damaged=True) starts fresh"
+            )
+        return self._fresh(damaged, fresh_if_damaged, raise_it=False)
 
     def _set_aside(self, damaged: list[tuple[Path, str]]) -> None:
         for directory, why in damaged:

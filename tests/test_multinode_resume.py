@@ -1,0 +1,85 @@
+"""A job of two ranks resumes from the newest step every rank has: a newer step only one rank
+saved, or one damaged on one rank, is passed over by both, and what they load is bit for bit the
+state they saved. Two real processes, torch's gloo on loopback, the Guard in each
+(holdover.lab.ddp_trainee), real checkpoint files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from holdover.lab.broker import free_port
+
+pytest.importorskip("torch")
+
+
+def _run(tmp: Path, steps: int, save_at: str = "") -> dict[int, list[dict]]:
+    """Both ranks to the end; each rank's JSON lines."""
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        argv = [sys.executable, "-m", "holdover.lab.ddp_trainee", "--ckpt", str(tmp / "ckpt"), "--registry"]
+        argv += [str(tmp / f"reg{rank}"), "--steps", str(steps), "--step-sleep", "0", "--save-at", save_at]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = {}
+    for rank, p in enumerate(procs):
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr[-2000:]
+        out[rank] = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
+    return out
+
+
+def _at(lines: list[dict], step: int) -> str:
+    return next(x["digest"] for x in lines if x.get("step") == step)
+
+
+def test_both_ranks_resume_the_newest_step_both_have_bit_for_bit(tmp_path: Path) -> None:
+    first = _run(tmp_path, 8, save_at="3,6")
+    for rank in (0, 1):
+        saved = sorted(p.name for p in (tmp_path / "ckpt" / f"rank{rank}").glob("step_*"))
+        assert saved == ["step_000000003", "step_000000006"], saved
+
+    # Rank 1 never finished step 6 (its directory gone): both load 3, not rank 0's newer 6.
+    shutil.rmtree(tmp_path / "ckpt" / "rank1" / "step_000000006")
+    again = _run(tmp_path, 3)
+    for rank in (0, 1):
+        assert again[rank][0]["resumed"] == 3 and again[rank][0]["digest"] == _at(first[rank], 3), again[rank][0]
+    assert (tmp_path / "ckpt" / "rank0" / "step_000000006").is_dir()  # passed over, not deleted
+
+
+def test_a_step_damaged_on_one_rank_makes_both_fall_back_together(tmp_path: Path) -> None:
+    first = _run(tmp_path, 8, save_at="3,6")
+    shard = next((tmp_path / "ckpt" / "rank0" / "step_000000006").glob("*.safetensors"))
+    with open(shard, "r+b") as f:  # a flipped byte in rank 0's newest
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    again = _run(tmp_path, 3)
+    for rank in (0, 1):
+        assert again[rank][0]["resumed"] == 3 and again[rank][0]["digest"] == _at(first[rank], 3), again[rank][0]
+    # The damaged one is set aside on its rank, named so; rank 1's good step 6 is left as it is.
+    assert [p.name for p in (tmp_path / "ckpt" / "rank0").glob("damaged-*")] == ["damaged-step_000000006"]
+    assert (tmp_path / "ckpt" / "rank1" / "step_000000006").is_dir()
+
+    # Every checkpoint of one rank damaged: the job stops on both ranks rather than start from 0.
+    for d in (tmp_path / "ckpt" / "rank1").glob("step_*"):
+        for f in d.glob("*.safetensors"):
+            f.write_bytes(b"\0" * f.stat().st_size)
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        argv = [sys.executable, "-m", "holdover.lab.ddp_trainee", "--ckpt", str(tmp_path / "ckpt")]
+        argv += ["--registry", str(tmp_path / f"reg{rank}"), "--steps", "3", "--step-sleep", "0"]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _out, err = p.communicate(timeout=120)
+        assert p.returncode != 0 and "all damaged" in err, err[-1500:]
