@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
+from common import wait
+
 from holdover.bridge import nut_config
 from holdover.journal import Journal
 from holdover.lab import nut
@@ -39,16 +41,6 @@ from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import NutServerSettings
 
 ONLINE = {"ups.status": "OL", "battery.charge": "100", "battery.runtime": "900", "ups.load": "30"}
-
-
-def wait(what: str, test, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = test()
-        if found:
-            return found
-        time.sleep(0.005)
-    raise TimeoutError(what)
 
 
 def notified(mon: nut.Upsmon, kind: str, after: float) -> float | None:

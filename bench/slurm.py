@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
+from common import wait
+
 from holdover.bridge.service import Bridge, BridgeThread
 from holdover.journal import Journal
 from holdover.lab.rig import Rig
@@ -37,16 +39,6 @@ from holdover.lab.stats import percentile
 from holdover.settings import Settings, load
 
 TRAP = """srun bash -c 'trap "date +%s.%N > {dir}/sig-$SLURMD_NODENAME" USR2; while :; do sleep 0.05; done'"""
-
-
-def wait(what: str, test, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = test()
-        if found:
-            return found
-        time.sleep(0.01)
-    raise TimeoutError(what)
 
 
 def events(rig: Rig, kind: str) -> list[dict]:
@@ -122,7 +114,7 @@ def main() -> int:
             job = lab.run(
                 "sbatch", "--parsable", "-N2", "-t", "10", "--signal=USR2@60", "--wrap", TRAP.format(dir=own)
             ).strip()  # fmt: skip
-            wait("the job with --signal running", lambda: running(lab, job))
+            wait("the job with --signal running", lambda: running(lab, job), 30)
             time.sleep(0.5)
             for _ in range(args.own_cuts):
                 rig.control.send(mains=False)
@@ -131,7 +123,7 @@ def main() -> int:
                 rig.control.send(mains=True)
                 time.sleep(1.0)
             lab.run("scancel", job)
-            wait("the job with --signal gone", lambda: not lab.run("squeue", "-h", "-j", job, "-o", "%T").strip())
+            wait("the job with --signal gone", lambda: not lab.run("squeue", "-h", "-j", job, "-o", "%T").strip(), 30)
 
             rig.start_bridge(load(rig.dir / "holdover.toml"))
             time.sleep(2.0)  # connected and subscribed
@@ -139,7 +131,7 @@ def main() -> int:
             sig = work / "sig"
             sig.mkdir()
             job = lab.run("sbatch", "--parsable", "-N2", "--wrap", TRAP.format(dir=sig)).strip()
-            wait("the trapping job running", lambda: running(lab, job))
+            wait("the trapping job running", lambda: running(lab, job), 30)
             time.sleep(0.5)
             for _ in range(args.cuts):
                 got = cut_and_restore(rig, lab, job, sig)
@@ -148,7 +140,7 @@ def main() -> int:
                 else:
                     told.append(got)
             lab.run("scancel", job)
-            wait("the trapping job gone", lambda: not lab.run("squeue", "-h", "-j", job, "-o", "%T").strip())
+            wait("the trapping job gone", lambda: not lab.run("squeue", "-h", "-j", job, "-o", "%T").strip(), 30)
 
             # 2. Cut -> saved on both nodes and requeued (a bridge on each node reporting its runs).
             for n in NODES:
