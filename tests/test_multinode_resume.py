@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from holdover.lab.broker import free_port
+from holdover.train import job
 
 pytest.importorskip("torch")
 
@@ -45,6 +46,17 @@ def test_both_ranks_resume_the_newest_step_both_have_bit_for_bit(tmp_path: Path)
     for rank in (0, 1):
         saved = sorted(p.name for p in (tmp_path / "ckpt" / f"rank{rank}").glob("step_*"))
         assert saved == ["step_000000003", "step_000000006"], saved
+    # The job's record: step 6 complete on both ranks, each rank's manifest named by its hash.
+    view = job.read(tmp_path / "ckpt")
+    assert view.complete and view.complete["step"] == 6 and view.world == 2
+    for rank in (0, 1):
+        d = tmp_path / "ckpt" / f"rank{rank}" / "step_000000006"
+        assert view.complete["ranks"][rank]["manifest_sha256"] == job.manifest_sha256(d)
+        assert view.done[rank]["step"] == 6
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "complete").iterdir()) == [
+        "step_000000003.json",
+        "step_000000006.json",
+    ]
 
     # Rank 1 never finished step 6 (its directory gone): both load 3, not rank 0's newer 6.
     shutil.rmtree(tmp_path / "ckpt" / "rank1" / "step_000000006")

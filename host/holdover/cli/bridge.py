@@ -15,6 +15,7 @@ from holdover.cli.common import (
     RUN,
     SET_UP,
     config_option,
+    describe_job,
     fail,
     journal_exists,
     load_config,
@@ -273,6 +274,9 @@ def status(
         ck = r.get("checkpoint")
         t.add_row(r["name"], r["state"], ck["dir"] if ck else "none", f"{ck['age_s']:.0f} s" if ck else "-")
     out.print(t)
+    for r in st["runs"]:
+        if line := describe_job(r):
+            out.print(f"{escape(r['name'])}: {escape(line)}", soft_wrap=True)
     up = st["uplinks"]
     out.print(
         f"uplink: {up['active'] or 'primary (no failover recorded)'}"

@@ -109,3 +109,28 @@ def print_checks(checks: list[Any], with_fix: bool) -> None:
         out.print("to fix:")
         for i, c in enumerate(fixes, 1):
             out.print(f"({i}) {escape(c.name)}: {escape(c.fix)}", soft_wrap=True, highlight=False)
+
+
+def describe_job(r: dict[str, Any]) -> str | None:
+    """One line for a run whose ranks span processes or nodes (launch.recover's `multi`): the step
+    complete on every rank and where, and each rank here that saved a newer step alone."""
+    m = r.get("multi")
+    if not m:
+        return None
+    job = f"job {r['job']}, " if r.get("job") else ""
+    here = ", ".join(
+        f"rank {x['rank']} {'alive' if x['alive'] else 'gone'} (pid {x['pid']})" for x in r.get("ranks", [])
+    )
+    if m["complete_step"] is not None:
+        on = ", ".join(f"rank {x['rank']} on {x['host']}" for x in m["complete_on"])
+        line = f"{job}{m['world']} ranks: step {m['complete_step']} complete on all ({on})"
+    else:
+        line = f"{job}{r.get('world')} ranks: no step complete on all ranks yet"
+    ahead = [
+        f"rank {k} saved step {v['step']} alone"
+        for k, v in m["ranks_here"].items()
+        if m["complete_step"] is None or v["step"] > m["complete_step"]
+    ]
+    if ahead:
+        line += f"; {', '.join(ahead)} (kept; resume loads it only if every rank has it)"
+    return f"{line}; here: {here}" if here else line

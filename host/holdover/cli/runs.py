@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from holdover.cli.common import OUTAGE, RUN, fail, wing
+from holdover.cli.common import OUTAGE, RUN, describe_job, fail, wing
 from holdover.errors import FAILED
 
 app = wing()
@@ -59,6 +59,9 @@ def recover(
         state = f"{r['state']} ({r['how']})" if r["how"] else r["state"]
         table.add_row(r["name"], state, str(r.get("pid") or ""), r.get("session") or "", ck)
     console.print(table)
+    for r in runs:
+        if line := describe_job(r):
+            console.print(f"[bold]{r['name']}:[/bold] {line}", soft_wrap=True, highlight=False)
     for r in runs:
         if r.get("resume"):
             console.print(f"[bold]resume {r['name']}:[/bold] {r['resume']}", soft_wrap=True, highlight=False)

@@ -5,10 +5,11 @@ Guard's all_reduce), which is what makes a multi-node checkpoint one checkpoint.
     srun python -m holdover.lab.ddp_trainee --ckpt DIR --registry DIR [--name train] [--step-sleep 0.05]
 
 Rank and world from Slurm (SLURM_PROCID, SLURM_NTASKS) or torchrun (RANK, WORLD_SIZE); the
-rendezvous at MASTER_ADDR:MASTER_PORT. Resumes from the newest checkpoint every rank has (a
-requeued job starts again this way) and says so: {"rank", "resumed": STEP, "digest"}; then one
-JSON line per step ({"rank", "step", "loss", "digest"}), the digest a hash of the model's and
-optimizer's state, so a resumed run can be compared bit for bit with the run it continues.
+rendezvous at MASTER_ADDR:MASTER_PORT (under torchrun, its agent's store). Resumes from the
+newest checkpoint every rank has (a requeued job starts again this way) and says so:
+{"rank", "resumed": STEP, "digest"}; then one JSON line per step ({"rank", "step", "loss",
+"digest"}), the digest a hash of the model's and optimizer's state, so a resumed run can be
+compared bit for bit with the run it continues.
 """
 
 from __future__ import annotations
@@ -34,18 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--save-at", default="", help="steps to save at, as if asked (3,6)")
+    ap.add_argument("--stall-save", type=float, default=None, help="the Guard's stall_save_s")
     args = ap.parse_args(argv)
     save_at = {int(x) for x in args.save_at.split(",") if x}
 
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
     world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
-    master = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    dist.init_process_group("gloo", init_method=master, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        init = "env://"  # torchrun's agent on the master node already serves the store on that port
+    else:
+        init = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(rank)
-    guard = protect(args.ckpt, args.name, model=model, optimizer=opt, registry_dir=args.registry)
+    guard = protect(
+        args.ckpt, args.name, model=model, optimizer=opt, registry_dir=args.registry, stall_save_s=args.stall_save
+    )
     first = guard.resume() + 1
     print(json.dumps({"rank": rank, "resumed": first - 1, "digest": _digest(model, opt)}), flush=True)
     try:

@@ -59,7 +59,9 @@ BACKUP = {
 }
 
 
-def _veth(a: Any, a_name: str, b: Any, b_ns: str, b_name: str, a_addr: str, b_addr: str, plen: int) -> None:
+def veth(a: Any, a_name: str, b: Any, b_ns: str, b_name: str, a_addr: str, b_addr: str, plen: int) -> None:
+    """A veth pair from namespace `a` (its end `a_name`) into namespace `b` (named `b_ns`), both ends
+    addressed and up."""
     a.link("add", ifname=a_name, kind="veth", peer={"ifname": b_name, "net_ns_fd": b_ns})
     ia, ib = a.link_lookup(ifname=a_name)[0], b.link_lookup(ifname=b_name)[0]
     a.addr("add", index=ia, address=a_addr, prefixlen=plen)
@@ -98,8 +100,8 @@ class NetLab:
             ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
         for u in (PRIMARY, BACKUP):
             isp, isp_name = self.isps[u["isp"]], self.isp_names[u["isp"]]
-            _veth(self.node, u["dev"], isp, isp_name, u["far"], u["addr"], u["gateway"], 24)
-            _veth(isp, u["up"], self.inet, self.inet_name, u["peer"], u["up_addr"], u["peer_addr"], 30)
+            veth(self.node, u["dev"], isp, isp_name, u["far"], u["addr"], u["gateway"], 24)
+            veth(isp, u["up"], self.inet, self.inet_name, u["peer"], u["up_addr"], u["peer_addr"], 30)
             isp.route("add", dst="default", gateway=u["peer_addr"])
             self.inet.route("add", dst=u["net"], dst_len=24, gateway=u["up_addr"])
             # The ISP is a router: forwarding on in its own namespace only (`ip netns exec` names it).

@@ -24,7 +24,7 @@ from holdover import proc
 from holdover.errors import FAILED, USAGE, HoldoverError
 from holdover.files import write_atomic
 from holdover.node import tmux
-from holdover.train import ckpt, registry
+from holdover.train import ckpt, job, registry
 
 SESSION_PREFIX = "holdover-"
 
@@ -293,10 +293,16 @@ def recover(registry_dir: Path | None = None, everything: bool = False) -> list[
             }
         except (OSError, ValueError, KeyError):
             continue
-    for r in regs:
+    for r in sorted(regs, key=lambda r: -r.rank):  # rank order: the lowest rank here names the run's pid
         run = runs.setdefault(r.name, {"name": r.name, "argv": r.argv, "cwd": r.cwd, "session": r.tmux, "log": None})
         run.update(pid=r.pid, ckpt_dir=r.ckpt_dir or run.get("ckpt_dir"), session=r.tmux or run.get("session"))
         run["job"] = r.job
+        if r.world > 1:
+            run["world"] = r.world
+            alive = registry.pid_alive(r.pid)
+            run.setdefault("ranks", []).insert(0, {"rank": r.rank, "pid": r.pid, "alive": alive})
+            if r.ckpt_dir:
+                run["job_root"] = str(Path(r.ckpt_dir).parent)
     out = []
     holdover = shlex.quote(holdover_command())
     for run in runs.values():
@@ -323,6 +329,8 @@ def recover(registry_dir: Path | None = None, everything: bool = False) -> list[
                     "age_s": round(time.time() - found[1].created, 1),
                 }
         run["checkpoint"] = newest
+        if run.get("job_root"):
+            run["multi"] = job.read(Path(run.pop("job_root"))).as_dict()
         if not alive and run["state"] != "finished":
             ck = f" --ckpt {shlex.quote(run['ckpt_dir'])}" if run.get("ckpt_dir") else ""
             name, cwd = shlex.quote(run["name"]), shlex.quote(run["cwd"])

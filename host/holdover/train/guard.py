@@ -12,6 +12,15 @@ means "save and requeue" to Lightning under Slurm, SIGTERM belongs to the schedu
 any work in the handler: the save happens in ``step_end``, between two steps, where the state is
 consistent. Under torch.distributed the decision is all-reduced every step, so every rank saves
 the same step (a rank saving alone would deadlock the others in the next collective).
+
+When the loop cannot reach the next boundary (its ranks stuck in a collective because the link
+between the nodes died, or a hung data loader), a watchdog thread saves instead, without any
+collective, but only while the model and optimizer still hold the last completed step: between
+`step_end` and the next ``optimizer.step()`` (a pre-hook marks it), which is where a rank blocked in
+a gradient all-reduce sits. Inside an update it refuses and says why. It serves a request that
+waited out `boundary_wait_s` (and three typical steps), and on its own saves once when no step has
+ended for `stall_save_s` (and ten typical steps): shorter than the framework's collective timeout,
+so the checkpoint exists before the job is torn down.
 """
 
 from __future__ import annotations
@@ -25,11 +34,12 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from holdover.train import ckpt, registry
+from holdover.train import ckpt, job, registry
 from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, drift, warmup_factor
 
 Log = Callable[[str], None]
@@ -61,6 +71,8 @@ class Guard:
         shard_bytes: int | None = None,
         warmup_steps: int = 0,
         drift_check_steps: int = 20,
+        stall_save_s: float | None = None,
+        boundary_wait_s: float = 2.0,
         log: Log = _stderr,
     ) -> None:
         self.name = name or os.environ.get("HOLDOVER_RUN_NAME") or Path(sys.argv[0] or "train").stem or "train"
@@ -70,6 +82,7 @@ class Guard:
         self.rank, self.world = _dist_rank_world()
         root = Path(ckpt_dir).resolve()
         self.root = root / f"rank{self.rank}" if self.world > 1 else root
+        self.job_root = root  # a job of several ranks keeps its done and complete records here (train.job)
         self.registry = Path(registry_dir) if registry_dir else registry.default_registry()
         self.signum = signal
         self.keep = keep
@@ -98,6 +111,24 @@ class Guard:
         self._hooks: list[Any] = []
         self._server: registry.RunServer | None = None
         self._prev_handler: Any = None
+        # The boundary: which step the model and optimizer hold (None while an update changes
+        # them), with that step's extras and RNGs; every save and every update holds _lock.
+        self._lock = threading.RLock()
+        self._at: int | None = None
+        self._at_extra: dict[str, Any] | None = None
+        self._at_rng: Any = None
+        self._last: tuple[int, Path, ckpt.Manifest] | None = None  # the newest checkpoint written or loaded
+        self._done: dict[str, Any] | None = None  # this rank's newest done record (train.job)
+        self._step_times: deque[float] = deque(maxlen=32)
+        self._marked = time.monotonic()
+        self._stall_saved: int | None = None
+        self._refused: float | None = None
+        self._closed = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        if stall_save_s is None:
+            stall_save_s = float(os.environ.get("HOLDOVER_STALL_SAVE_S", 60.0 if self.world > 1 else 0.0))
+        self.stall_save_s = stall_save_s
+        self.boundary_wait_s = boundary_wait_s
         self.reg = registry.Registration(
             name=self.name,
             pid=os.getpid(),
@@ -131,9 +162,19 @@ class Guard:
         self._publish()
         if self.warmup_steps and self.optimizer is not None:
             self._install_warmup()
+        # Without an optimizer to hook, the Guard cannot tell a boundary from the middle of an
+        # update, so it never saves from outside the loop.
+        hook = _step_pre_hook(self.optimizer, self._updating) if self.optimizer is not None else None
+        if hook is not None:
+            self._hooks.append(hook)
+            self._watchdog = threading.Thread(target=self._watch, name="holdover-watchdog", daemon=True)
+            self._watchdog.start()
         return self
 
     def close(self) -> None:
+        self._closed.set()
+        with self._cv:
+            self._cv.notify_all()
         # Let the bridge hear how its requests ended before the process goes (after="exit").
         end = time.monotonic() + 2.0
         with self._cv:
@@ -238,8 +279,12 @@ class Guard:
         Returns True when the run should stop (a request asked to save and exit).
         """
         now = time.monotonic()
-        if self._last_step_end is not None and self.interval:
-            self.interval.observe_step_time(now - self._last_step_end)
+        if self._watchdog is not None:
+            self._mark(step, extra)
+        if self._last_step_end is not None:
+            self._step_times.append(now - self._last_step_end)
+            if self.interval:
+                self.interval.observe_step_time(now - self._last_step_end)
         if loss is not None:
             self.last_loss = float(loss)
         if grad_norm is not None:
@@ -252,11 +297,93 @@ class Guard:
         periodic = bool(self.interval and self.interval.due(step))
         decision = _agree(2 if emergency else 1 if periodic else 0, self.world)
         if decision:
-            self._take(step, extra, pending, "emergency" if decision == 2 else "periodic")
+            with self._lock:
+                self._take(step, extra, pending, "emergency" if decision == 2 else "periodic")
+            if self.world > 1:
+                self._complete(step)
         self._last_step_end = time.monotonic()
         return self._stop
 
-    def _take(self, step: int, extra: dict[str, Any] | None, rids: list[str], kind: str) -> None:
+    def _complete(self, step: int) -> None:
+        """Every rank's done record of `step`, gathered: when all ranks have one, the step is
+        complete and each rank writes the job's record of it (train.job)."""
+        mine = self._done if self._done and self._done["step"] == step else None
+        records = _gather(mine, self.world)
+        if all(records):
+            try:
+                job.write_complete(self.job_root, step, self.world, records)
+            except OSError as e:
+                self.log(f"holdover: could not write the job's record of step {step}: {e}")
+        else:
+            missing = [r for r, rec in enumerate(records) if not rec]
+            self.log(f"holdover: step {step} is not complete: rank(s) {missing} did not save it")
+
+    # --- the boundary and the watchdog ----------------------------------------------------------------
+
+    def _mark(self, step: int, extra: dict[str, Any] | None) -> None:
+        from holdover.train import state
+
+        with self._lock:
+            self._at, self._at_extra, self._at_rng = step, dict(extra or {}), state.rng_state()
+            self._marked = time.monotonic()
+
+    def _updating(self, opt: Any, args: Any, kwargs: Any) -> None:
+        # Waits for a save the watchdog is taking, then marks the state as changing.
+        with self._lock:
+            self._at = None
+
+    def _typical_step(self) -> float:
+        times = sorted(self._step_times)
+        return times[len(times) // 2] if times else 0.0
+
+    def _watch(self) -> None:
+        while not self._closed.is_set():
+            with self._cv:
+                self._cv.wait(timeout=0.1)
+                waited = [time.time() - self._requests[r]["requested"] for r in self._queue]
+            stalled = time.monotonic() - self._marked
+            typical = self._typical_step()
+            if self._signalled:
+                self._signalled = False
+                self.request("signal", f"signal-{int(time.time() * 1000)}")
+                waited.append(0.0)
+            if waited and min(stalled, max(waited)) >= max(self.boundary_wait_s, 3 * typical):
+                self._save_outside("asked")
+            elif self.stall_save_s and stalled >= max(self.stall_save_s, 10 * typical):
+                self._save_outside("stalled")
+
+    def _save_outside(self, why: str) -> None:
+        """A save from the watchdog thread, with no collective: the step the model and optimizer
+        hold, if they hold one whole step."""
+        with self._lock:
+            at = self._at
+            if at is None and self._last_step_end is None and self._last is None:
+                return  # no step has ended yet: there is nothing to save, and nothing is wrong
+            if at is None:
+                if self._refused != self._marked:
+                    self._refused = self._marked
+                    msg = (
+                        "not saving from outside the loop: it stopped inside an update (between "
+                        "optimizer.step() and step_end), so the model holds no whole step"
+                    )
+                    self.log(f"holdover: {msg}")
+                    with self._cv:
+                        for rid in self._queue:
+                            self._requests[rid]["waiting"] = msg
+                        self._cv.notify_all()
+                return
+            if why == "stalled" and self._stall_saved == at:
+                return
+            with self._cv:
+                rids = list(self._queue)
+            if why == "asked" and not rids:
+                return  # the loop took them meanwhile
+            if why == "stalled":
+                self._stall_saved = at
+                self.log(f"holdover: no step has ended for {time.monotonic() - self._marked:.1f} s: saving step {at}")
+            self._take(at, self._at_extra, rids, "stalled" if not rids else "emergency", rng=self._at_rng)
+
+    def _take(self, step: int, extra: dict[str, Any] | None, rids: list[str], kind: str, rng: Any = None) -> None:
         with self._cv:
             for rid in rids:
                 self._queue.remove(rid)
@@ -268,6 +395,24 @@ class Guard:
                 self._queue.remove(rid)
             rids.append(rid)
         reasons = sorted({self._requests[r]["reason"] for r in rids}) or [kind]
+        if self._last and self._last[0] == step:
+            # Already on disk (the watchdog saved this step, or the run resumed from it): the
+            # loop reaching the boundary later must not write it twice.
+            _step, directory, manifest = self._last
+            if kind in ("emergency", "stalled"):
+                ckpt.pin(directory, ",".join(reasons))
+            self._update(
+                rids,
+                state="done",
+                step=step,
+                dir=str(directory),
+                seconds=0.0,
+                bytes_total=manifest.nbytes,
+                bytes_done=manifest.nbytes,
+            )
+            if any(self._requests[r].get("after") == "exit" for r in rids):
+                self._stop = True
+            return
         self._update(rids, state="saving", step=step, started=time.time())
         t0 = time.monotonic()
 
@@ -275,10 +420,10 @@ class Guard:
             self._update(rids, bytes_done=done, bytes_total=total)
 
         # Asked for (by the bridge, a signal or request()): pinned, so periodic rotation keeps it.
-        pin = kind == "emergency"
+        pin = kind in ("emergency", "stalled")
         try:
             directory, manifest = self.save(
-                step, extra, reason=",".join(reasons), progress=progress, pin=pin, prune=False
+                step, extra, reason=",".join(reasons), progress=progress, pin=pin, prune=False, rng=rng
             )
         except Exception as e:  # a failed save must not kill the run: the bridge still has gcore
             self._update(rids, state="failed", error=str(e))
@@ -310,9 +455,11 @@ class Guard:
         progress: ckpt.Progress | None = None,
         pin: bool = False,
         prune: bool = True,
+        rng: Any = None,
     ) -> tuple[Path, ckpt.Manifest]:
         """Write a checkpoint now (the loop must be between steps); `pin` keeps it out of rotation;
-        `prune=False` leaves the rotation to the caller (`_prune`)."""
+        `prune=False` leaves the rotation to the caller (`_prune`); `rng` the RNGs as they stood
+        at the step (state.Rng), when the loop has drawn more since."""
         meta = {
             "name": self.name,
             "reason": reason,
@@ -323,16 +470,26 @@ class Guard:
             "world": self.world,
             "grad_norm": self.grad_norms.summary(),
         }
+        if threading.current_thread() is self._watchdog:
+            meta["collective_free"] = True  # saved while the loop was stuck: no rank agreed on it
         t0 = time.monotonic()
-        if self.capture is not None:
-            shards, train = self.capture(step, extra)
-            blobs = {ckpt.TRAIN_JSON: json.dumps(train).encode()}
-            directory, manifest = ckpt.save(
-                self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, progress=progress
-            )
-        else:
-            directory, manifest = self._save_torch(step, extra, meta, progress)
+        with self._lock:
+            if self.capture is not None:
+                shards, train = self.capture(step, extra)
+                blobs = {ckpt.TRAIN_JSON: json.dumps(train).encode()}
+                directory, manifest = ckpt.save(
+                    self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, progress=progress
+                )
+            else:
+                directory, manifest = self._save_torch(step, extra, meta, progress, rng)
+            self._last = (step, directory, manifest)
         seconds = time.monotonic() - t0
+        if self.world > 1:
+            try:
+                self._done = job.done_record(self.rank, step, directory)
+                job.write_done(self.job_root, self._done)
+            except OSError as e:  # the checkpoint itself is safe; only the job's bookkeeping is not
+                self.log(f"holdover: could not record rank {self.rank}'s step {step} as done: {e}")
         if pin:
             ckpt.pin(directory, reason)
         if prune:
@@ -350,7 +507,12 @@ class Guard:
             self.log(f"holdover: could not remove old checkpoints in {self.root}: {e}")
 
     def _save_torch(
-        self, step: int, extra: dict[str, Any] | None, meta: dict[str, Any], progress: ckpt.Progress | None
+        self,
+        step: int,
+        extra: dict[str, Any] | None,
+        meta: dict[str, Any],
+        progress: ckpt.Progress | None,
+        rng: Any = None,
     ) -> tuple[Path, ckpt.Manifest]:
         from holdover.train import state  # torch only when a save actually happens
 
@@ -365,6 +527,7 @@ class Guard:
             threads=self.threads,
             shard_bytes=self.shard_bytes,
             progress=progress,
+            rng=rng,
         )
 
     # --- resume ---------------------------------------------------------------------------------------
@@ -403,6 +566,9 @@ class Guard:
 
         state.apply(loaded, self.model, self.optimizer, self.scheduler)
         self.resumed_step = loaded.step
+        self._last = (int(loaded.step), directory, loaded.manifest)
+        if self._watchdog is not None:
+            self._mark(int(loaded.step), loaded.train.get("extra", {}))
         self.extra = loaded.train.get("extra", {})
         self._stored_norms = loaded.manifest.meta.get("grad_norm")
         self._after_resume = []
@@ -514,6 +680,26 @@ def _dist_rank_world() -> tuple[int, int]:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _step_pre_hook(optimizer: Any, hook: Callable[..., None]) -> Any:
+    """The hook's handle on `optimizer`, or on the optimizer it wraps (accelerate's
+    AcceleratedOptimizer has the method but not the hooks it needs); None when neither takes it."""
+    for opt in (optimizer, getattr(optimizer, "optimizer", None)):
+        try:
+            return opt.register_step_pre_hook(hook)
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
+def _gather(obj: Any, world: int) -> list[Any]:
+    """`obj` from every rank, in rank order."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _agree(value: int, world: int) -> int:

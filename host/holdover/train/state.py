@@ -76,6 +76,29 @@ def _jsonable(value: Any, where: str) -> Any:
 
 
 @dataclass
+class Rng:
+    """Every RNG a run draws from, as it stood at one moment (a step boundary, for a save taken
+    later from another thread while the loop has drawn more)."""
+
+    torch: list[tuple[str, torch.Tensor]]
+    python: Any
+    numpy: Any = None
+
+
+def rng_state() -> Rng:
+    tensors = [(f"{RNG}torch", torch.get_rng_state())]
+    if torch.cuda.is_available():
+        tensors += [(f"{RNG}cuda{i}", torch.cuda.get_rng_state(i)) for i in range(torch.cuda.device_count())]
+    try:
+        import numpy as np
+
+        numpy = np.random.get_state(legacy=True)
+    except ImportError:
+        numpy = None
+    return Rng(tensors, random.getstate(), numpy)  # raw: turned into JSON only when saved
+
+
+@dataclass
 class Captured:
     shards: list[ckpt.Shard]
     train: dict[str, Any]
@@ -93,8 +116,10 @@ def capture(
     step: int = 0,
     shard_bytes: int | None = None,
     threads: int = ckpt.THREADS,
+    rng: Rng | None = None,
 ) -> Captured:
-    """Describe the whole training state as shards (no copy on CPU) plus a JSON part."""
+    """Describe the whole training state as shards (no copy on CPU) plus a JSON part; the RNGs as
+    they are now, or as `rng` holds them."""
     groups: dict[str, list[ckpt.Tensor]] = {}
     order: list[str] = []
 
@@ -130,19 +155,12 @@ def capture(
         }
     if scheduler is not None:
         train["scheduler"] = _jsonable(scheduler.state_dict(), "scheduler")
-    rng: list[ckpt.Tensor] = [_entry(f"{RNG}torch", torch.get_rng_state())]
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            rng.append(_entry(f"{RNG}cuda{i}", torch.cuda.get_rng_state(i)))
-    groups["_rng"] = rng
+    rng = rng or rng_state()
+    groups["_rng"] = [_entry(name, t) for name, t in rng.torch]
     order.append("_rng")
-    train["python_rng"] = _jsonable(random.getstate(), "python_rng")
-    try:
-        import numpy as np
-
-        train["numpy_rng"] = _jsonable(np.random.get_state(legacy=True), "numpy_rng")
-    except ImportError:
-        pass
+    train["python_rng"] = _jsonable(rng.python, "python_rng")
+    if rng.numpy is not None:
+        train["numpy_rng"] = _jsonable(rng.numpy, "numpy_rng")
 
     total = sum(t.nbytes for g in groups.values() for t in g)
     target = shard_bytes or min(max(total // (2 * max(threads, 1)), 32 << 20), 2 << 30)
@@ -171,8 +189,9 @@ def save(
     threads: int = ckpt.THREADS,
     shard_bytes: int | None = None,
     progress: ckpt.Progress | None = None,
+    rng: Rng | None = None,
 ) -> tuple[Path, ckpt.Manifest]:
-    cap = capture(model, optimizer, scheduler, extra, step, shard_bytes, threads)
+    cap = capture(model, optimizer, scheduler, extra, step, shard_bytes, threads, rng)
     blob = json.dumps(cap.train).encode()
     return ckpt.save(root, step, cap.shards, meta=meta, blobs={TRAIN_JSON: blob}, threads=threads, progress=progress)
 

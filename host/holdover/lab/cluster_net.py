@@ -1,0 +1,165 @@
+"""Training nodes in network namespaces of their own, joined through a switch namespace, for
+multi-node jobs whose link between the nodes can die while each node still reaches the site.
+
+    node0 ns  eth0 10.77.0.2/24 -- veth -- n0 10.77.0.1/24 \\
+    node1 ns  eth0 10.77.1.2/24 -- veth -- n1 10.77.1.1/24 -- switch ns (forwards; the site's
+    ...                                                       services on 10.77.255.1, its lo)
+
+The switch routes between the nodes (its own ip_forward, set inside it) and holds the site's
+services (the broker) on 10.77.255.1, which each node reaches through its gateway. `partition()`
+drops every packet forwarded between nodes while leaving each node's traffic to the switch alone:
+the inter-node fabric dead, the node's own link and the site's broker still up. Nothing here
+touches the namespace the caller runs in; everything is removed on close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pyroute2 import NetNS
+from pyroute2 import netns as pr_netns
+
+from holdover import proc
+from holdover.lab.netlab import veth
+from holdover.train import registry
+
+SITE = "10.77.255.1"
+
+
+def node_addr(i: int) -> str:
+    return f"10.77.{i}.2"
+
+
+class ClusterNet:
+    def __init__(self, nodes: int = 2) -> None:
+        tag = f"{os.getpid()}{secrets.token_hex(2)}"
+        self.switch_name = f"hsw{tag}"
+        self.node_names = [f"hn{i}x{tag}" for i in range(nodes)]
+        self._ns: list[Any] = []
+
+    def __enter__(self) -> ClusterNet:
+        try:
+            self._build()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _build(self) -> None:
+        for name in (self.switch_name, *self.node_names):
+            pr_netns.create(name)
+        switch = NetNS(self.switch_name)
+        self._ns.append(switch)
+        switch.link("set", index=switch.link_lookup(ifname="lo")[0], state="up")
+        switch.addr("add", index=switch.link_lookup(ifname="lo")[0], address=SITE, prefixlen=32)
+        for i, name in enumerate(self.node_names):
+            node = NetNS(name)
+            self._ns.append(node)
+            node.link("set", index=node.link_lookup(ifname="lo")[0], state="up")
+            veth(node, "eth0", switch, self.switch_name, f"n{i}", node_addr(i), f"10.77.{i}.1", 24)
+            node.route("add", dst="default", gateway=f"10.77.{i}.1")
+        self._sh(self.switch_name, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in self._ns:
+            ns.close()
+        for name in (self.switch_name, *self.node_names):
+            with contextlib.suppress(OSError):
+                pr_netns.remove(name)
+
+    def _sh(self, ns: str, *argv: str, check: bool = True) -> None:
+        r = proc.run_sync(["ip", "netns", "exec", ns, *argv], timeout=10)
+        if check and not r.ok:
+            raise OSError(f"{' '.join(argv)} in {ns}: {r.describe()}: {r.output.strip()}")
+
+    def argv(self, node: int, argv: list[str]) -> list[str]:
+        """`argv` run inside node `node`'s namespace."""
+        return ["ip", "netns", "exec", self.node_names[node], *argv]
+
+    def partition(self, on: bool = True) -> None:
+        """Drop (on) or stop dropping every packet between nodes, silently, as a dead switch port
+        or a dead fabric looks from both ends; a node's traffic to the site is untouched."""
+        self._sh(self.switch_name, "nft", "delete", "table", "inet", "partition", check=False)
+        if on:
+            self._sh(self.switch_name, "nft", "add", "table", "inet", "partition")
+            chain = "{ type filter hook forward priority 0 ; policy drop ; }"
+            self._sh(self.switch_name, "nft", "add", "chain", "inet", "partition", "between", chain)
+
+
+class TorchrunJob:
+    """`holdover.lab.ddp_trainee` as a 2-node job: one torchrun a node (static rendezvous on node
+    0), one gloo rank a node, each node its own checkpoint disk `tmp/nodeN/ckpt` and registry
+    `tmp/nodeN/reg`; the workers' JSON lines gathered as they come, stderr in `tmp/nodeN.err`."""
+
+    def __init__(self, net: ClusterNet, tmp: Path, *args: str, port: int | None = None) -> None:
+        from holdover.lab.broker import free_port
+
+        port = port or free_port()
+        self.tmp = tmp
+        self.nodes = range(len(net.node_names))
+        self.lines: dict[int, list[dict[str, Any]]] = {n: [] for n in self.nodes}
+        self.procs: list[subprocess.Popen[str]] = []
+        self.readers: list[threading.Thread] = []
+        self.errs = [tmp / f"node{n}.err" for n in self.nodes]
+        for n in self.nodes:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(self.nodes))]
+            argv += ["--nproc-per-node", "1", "--node-rank", str(n), "--master-addr", node_addr(0)]
+            argv += ["--master-port", str(port), "-m", "holdover.lab.ddp_trainee"]
+            argv += ["--ckpt", str(self.ckpt(n)), "--registry", str(tmp / f"node{n}" / "reg"), *args]
+            # gloo would take the address the hostname resolves to: loopback, inside a namespace
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0"}
+            with self.errs[n].open("w") as err:
+                p = subprocess.Popen(
+                    net.argv(n, argv), env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+                )
+            self.procs.append(p)
+            self.readers.append(threading.Thread(target=self._read, args=(n, p), daemon=True))
+            self.readers[-1].start()
+
+    def ckpt(self, node: int) -> Path:
+        return self.tmp / f"node{node}" / "ckpt"
+
+    def _read(self, node: int, p: subprocess.Popen[str]) -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if line.startswith("{"):
+                self.lines[node].append(json.loads(line))
+
+    def step(self, node: int) -> int:
+        """The newest step the node's rank completed."""
+        return max((x.get("step", 0) for x in self.lines[node]), default=0)
+
+    def digest(self, node: int, step: int) -> str:
+        return next(x["digest"] for x in self.lines[node] if x.get("step") == step)
+
+    def kill(self) -> None:
+        """Every process of the job, -9: torchrun starts its workers in sessions of their own, so
+        killing the agents alone would leave the ranks running."""
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+        for n in self.nodes:
+            for reg in registry.read_registrations(self.tmp / f"node{n}" / "reg")[0]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(reg.pid, signal.SIGKILL)
+                end = time.monotonic() + 30
+                while registry.pid_alive(reg.pid) and time.monotonic() < end:
+                    time.sleep(0.02)
+
+    def finish(self, timeout: float = 120) -> list[int]:
+        """Wait for every torchrun to exit; their exit codes."""
+        codes = [p.wait(timeout) for p in self.procs]
+        for t in self.readers:
+            t.join(10)
+        return codes
