@@ -275,3 +275,52 @@ def test_a_bridge_stopping_as_an_alert_is_raised_stops_at_once(tmp_path) -> None
             assert time.monotonic() - t0 < 1.0
 
         asyncio.run(main())
+
+
+def test_bridges_of_one_site_alert_a_sentinel_once_each_its_own_node_and_the_next_takes_over(tmp_path, ntfy) -> None:
+    """Two nodes' bridges on one broker: each journals the sentinel's event, the lowest-named
+    online one alerts it; each alerts its own node's events; when it goes, the other alerts."""
+    with Broker(workdir=tmp_path / "broker") as broker:
+
+        def bridge(node: str) -> BridgeThread:
+            s = Settings.model_validate(
+                {
+                    "mqtt": {"port": broker.port},
+                    "journal": {"path": str(tmp_path / f"{node}.db")},
+                    "failover": {"node": node},
+                    "alerts": {"channels": [{"name": "phone", "url": ntfy.url(node)}]},
+                }
+            )
+            return BridgeThread(Bridge(s)).start()
+
+        a, b = bridge("gpu-a"), bridge("gpu-b")
+        try:
+            for x in (a, b):
+                assert x.bridge.site is not None
+                wait_for(lambda x=x: len([n for n, p in x.bridge.site.peers.items() if p.online and p.alerts]) == 1,
+                         10, "each bridge hears the other")  # fmt: skip
+            assert a.bridge.site.alerting() == b.bridge.site.alerting() == "gpu-a"
+
+            def offline(x: BridgeThread, sid: str = "ups1") -> None:
+                x.loop.call_soon_threadsafe(x.bridge._host_event, sid, "sentinel_offline", {})
+
+            for x in (a, b):
+                offline(x)
+                x.loop.call_soon_threadsafe(x.bridge.node_event, "failover", {"uplink": "usb", "why": "wan down"})
+            wait_for(lambda: len(ntfy.got) >= 3, 10, "three alerts")
+            time.sleep(0.5)  # nothing more arrives
+            titles = {t: sorted(m["title"] for m in ntfy.on(t)) for t in ("gpu-a", "gpu-b")}
+            moved = "Traffic moved to the backup uplink usb"
+            assert titles["gpu-b"] == [moved], titles  # its own node's, not the sentinel's
+            assert len(titles["gpu-a"]) == 2 and moved in titles["gpu-a"], titles
+            for x in (a, b):  # both journaled it
+                with Journal(x.bridge.settings.journal.path, readonly=True) as j:
+                    assert [e.sid for e in j.events(kinds=["sentinel_offline"])] == ["ups1"]
+
+            a.stop()  # its last word on the broker: offline
+            wait_for(lambda: b.bridge.site.alerting() == "gpu-b", 10, "gpu-b the alerting bridge")
+            offline(b, "ups2")
+            wait_for(lambda: len(ntfy.on("gpu-b")) == 2, 10, "gpu-b alerts the sentinel now")
+        finally:
+            a.stop()
+            b.stop()

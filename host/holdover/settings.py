@@ -82,7 +82,11 @@ class MqttSettings(_PasswordFromFile):
     username: str = Field("", description="the bridge's broker user (holdover broker-config makes one)")
     password: str = Field("", description="its password (better: password_file)")
     password_file: ConfigPath | None = Field(None, description="a file holding the password, kept out of the config")
-    client_id: str = Field("holdover-bridge", description="one per bridge: its persistent session on the broker")
+    client_id: str = Field(
+        "",
+        description="one per bridge: its persistent session on the broker (empty: holdover-bridge-NODE, "
+        "so the bridges of several nodes on one broker never take each other's session)",
+    )
     keepalive: int = Field(
         30, ge=5, le=3600, description="seconds; the broker drops a silent bridge after 1.5 times this"
     )
@@ -445,6 +449,11 @@ def sms_numbers(url: str) -> list[str]:
 class AlertSettings(_Strict):
     channels: list[AlertChannelSettings] = Field(default_factory=list, description="where alerts go")
     mqtt: bool = Field(True, description="also publish each alert, readable, on holdover/alerts")
+    once_per_site: bool = Field(
+        True,
+        description="with several bridges on one broker, one of them (the lowest-named online one with "
+        "channels) alerts about sentinels; each still alerts about its own node",
+    )
     dedup_s: float = Field(300.0, ge=0, description="the same alert again within this is dropped")
     flap_window_s: float = Field(
         60.0, gt=0, description="changes counted over this window; this quiet: a storm is over"
@@ -614,6 +623,11 @@ class Settings(_Strict):
     def node(self) -> str:
         """This machine's name in its MQTT topics and in Home Assistant (the host name by default)."""
         return self.failover.node
+
+    @property
+    def client_id(self) -> str:
+        """The bridge's MQTT client id: one per node, so bridges on one broker keep their own sessions."""
+        return self.mqtt.client_id or f"holdover-bridge-{self.node}"
 
     def dashboard_url(self) -> str | None:
         """Where people open the dashboard from elsewhere: [ha] url, else [web] host and port

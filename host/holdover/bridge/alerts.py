@@ -39,6 +39,7 @@ from typing import Any
 from holdover import events
 from holdover.bridge import notify
 from holdover.bridge.alert_outbox import AlertOutbox
+from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.dongle import Dongle, DongleError
 from holdover.settings import SMS_SCHEME, AlertChannelSettings, AlertSettings, sms_numbers
@@ -100,8 +101,11 @@ class Alerts:
         clock: Callable[[], float] = time.time,
         wan_down: Callable[[], bool] = lambda: False,
         dongle: Dongle | None = None,
+        elsewhere: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.s = settings
+        # The node whose bridge sends the site's alerts about sentinels, when not this one (bridge.site).
+        self.elsewhere = elsewhere
         self.wan_down = wan_down  # channels with when = "wan_down" are used only while it says so
         self.dongle = dongle  # sends the dongle-sms:// channels
         self.journal = journal
@@ -125,6 +129,9 @@ class Alerts:
     def on_event(self, event: Event) -> None:
         k = events.kind(event.kind)
         if not k.alert:
+            return
+        if event.sid != protocol.NODE and (other := self.elsewhere()):
+            log.info("%s from %s: journaled here, alerted by the bridge on %s", event.kind, event.sid, other)
             return
         problem_kind = k.resolves or k.name
         p = self._problems[(event.sid, problem_kind)]

@@ -61,6 +61,7 @@ class MqttLink:
         will: tuple[str, bytes] | None = None,
         subscribe: tuple[str, ...] = (),
         on_connect: Callable[[], None] | None = None,
+        client_id: str = "",
     ) -> None:
         self.cfg = cfg
         self.queue = queue
@@ -70,7 +71,7 @@ class MqttLink:
         self.on_connect = on_connect  # called on the loop after each connect (the node's birth)
         # MQTT 5, for retain-as-published: under 3.1.1 a broker clears the retain flag on live
         # delivery, so the gate could not refuse an event someone published retained.
-        c = _Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id, protocol=paho.MQTTv5)
+        c = _Client(CallbackAPIVersion.VERSION2, client_id=client_id or cfg.client_id, protocol=paho.MQTTv5)
         if cfg.username:
             c.username_pw_set(cfg.username, cfg.password or None)
         # A broker on the LAN is cheap to retry: back within 2 s of it coming back, not paho's 30.

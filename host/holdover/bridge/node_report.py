@@ -182,6 +182,7 @@ class NodeReport:
             "node": self.node,
             "ts": round(time.time(), 3),
             "version": holdover.__version__,
+            "alerts": bool(self.s.alerts.channels),  # which bridge of the site alerts (bridge.site)
             "on_battery": on_battery,
             "power_from": "ups" if ups is not None else "sentinels",
             "mains_lost_at": sorted(self._mains_lost),

@@ -25,6 +25,7 @@ from holdover.bridge.node_report import NodeReport
 from holdover.bridge.nut_serve import NutServe
 from holdover.bridge.presence import Presence
 from holdover.bridge.serial_link import SerialLink
+from holdover.bridge.site import Site
 from holdover.cluster.circuits import Circuits
 from holdover.events import Reaction
 from holdover.firmware import protocol
@@ -80,8 +81,15 @@ class Bridge:
         runtime = self.ups.runtime if self.ups is not None else no_runtime
         self.rescuer = Rescuer(self.settings.protect, self.journal, self._react, runtime)
         dongle = Dongle(self.settings.dongle) if self.settings.dongle.enabled else None
+        channels = bool(self.settings.alerts.channels)
+        self.site = Site(self.settings.node, channels) if channels and self.settings.alerts.once_per_site else None
         self.alerts = Alerts(
-            self.settings.alerts, self.journal, self._publish_alert, wan_down=self.wan_down, dongle=dongle
+            self.settings.alerts,
+            self.journal,
+            self._publish_alert,
+            wan_down=self.wan_down,
+            dongle=dongle,
+            elsewhere=self.site.elsewhere if self.site is not None else lambda: None,
         )
         # Every accepted event goes to each of these, in order; a new capability appends itself.
         self.reactions: list[Reaction] = [self.hooks, self.rescuer, self.alerts]
@@ -239,8 +247,9 @@ class Bridge:
         return event
 
     def _node_state(self, node: str, payload: bytes) -> None:
-        # Unsigned, from a node's bridge: read for what it says of runs, and nothing acts on it
-        # but the wait for a signalled job's checkpoints; a garbled one is named and dropped.
+        # Unsigned, from a node's bridge: read for what it says of runs and whether it alerts, and
+        # nothing acts on it but the wait for a signalled job's checkpoints and the choice of the
+        # site's alerting bridge; a garbled one is named and dropped.
         try:
             body = json.loads(payload)
             if not isinstance(body, dict):
@@ -248,8 +257,10 @@ class Bridge:
         except ValueError as e:
             log.warning("node %s's state is not readable (%s): %r", node, e, payload[:80])
             return
-        assert self.circuits is not None
-        self.circuits.node_state(node, body)
+        if self.site is not None:
+            self.site.state(node, body)
+        if self.circuits is not None:
+            self.circuits.node_state(node, body)
 
     def _publish(self, topic: str, payload: bytes, retain: bool) -> None:
         if self.link is not None:
@@ -328,10 +339,13 @@ class Bridge:
             self.queue,
             loop,
             will=(self.node_report.status_topic, protocol.OFFLINE.encode()),
-            # Beside slurmctld: every node's state, to know when a signalled job is saved everywhere.
+            # Beside slurmctld: every node's state, to know when a signalled job is saved everywhere;
+            # with alert channels, every node's state and status, to know which bridge alerts.
             subscribe=(self.node_report.press_topic,)
-            + ((protocol.node_topic("+", protocol.STATE),) if self.circuits else ()),
+            + ((protocol.node_topic("+", protocol.STATE),) if self.circuits or self.site else ())
+            + ((protocol.node_topic("+", protocol.STATUS),) if self.site else ()),
             on_connect=self.node_report.connected,
+            client_id=self.settings.client_id,
         )
         self.link.start()
         for sc in self.settings.serial:
@@ -359,8 +373,10 @@ class Bridge:
                         self.handle(item)
                     elif item.topic == self.node_report.press_topic:
                         self.node_report.pressed(item.payload, item.retained)  # not a sentinel's: no gate
-                    elif node[1] == protocol.STATE and self.circuits is not None:
+                    elif node[1] == protocol.STATE and (self.circuits or self.site):
                         self._node_state(node[0], item.payload)
+                    elif node[1] == protocol.STATUS and self.site is not None:
+                        self.site.status(node[0], item.payload)
                 else:
                     getter.cancel()
         finally:

@@ -111,6 +111,7 @@ class TorchrunJob:
         self.procs: list[subprocess.Popen[str]] = []
         self.readers: list[threading.Thread] = []
         self.errs = [tmp / f"node{n}.err" for n in self.nodes]
+        tmp.mkdir(parents=True, exist_ok=True)
         for n in self.nodes:
             argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(self.nodes))]
             argv += ["--nproc-per-node", "1", "--node-rank", str(n), "--master-addr", node_addr(0)]

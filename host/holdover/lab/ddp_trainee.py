@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--save-at", default="", help="steps to save at, as if asked (3,6)")
-    ap.add_argument("--stall-save", type=float, default=None, help="the Guard's stall_save_s")
+    ap.add_argument("--stall-save", type=float, default=None, help="the Guard's stall_save_s (0: off)")
+    ap.add_argument("--save-every", type=int, default=0, help="a periodic save every N steps")
+    ap.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's collective timeout, s")
     args = ap.parse_args(argv)
     save_at = {int(x) for x in args.save_at.split(",") if x}
 
@@ -45,13 +47,21 @@ def main(argv: list[str] | None = None) -> int:
         init = "env://"  # torchrun's agent on the master node already serves the store on that port
     else:
         init = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=args.pg_timeout)
+    )
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(rank)
     guard = protect(
-        args.ckpt, args.name, model=model, optimizer=opt, registry_dir=args.registry, stall_save_s=args.stall_save
+        args.ckpt,
+        args.name,
+        model=model,
+        optimizer=opt,
+        registry_dir=args.registry,
+        stall_save_s=args.stall_save,
+        interval=args.save_every or None,
     )
     first = guard.resume() + 1
     print(json.dumps({"rank": rank, "resumed": first - 1, "digest": _digest(model, opt)}), flush=True)
