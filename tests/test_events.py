@@ -23,6 +23,7 @@ def test_every_sentinel_kind_has_an_entry_and_the_table_is_consistent() -> None:
         protocol.MAINS_LOST,
         events.UPS_ON_BATTERY,  # the host's UPS: its runtime is the deadline
         events.UPS_LOW_BATTERY,
+        "peer_lost",  # the link to another node of this node's jobs: save without a collective
         "checkpoint_requested",  # by a person, on the API
     }  # the sentinel's own battery events are its power, not the host's: they start nothing
 

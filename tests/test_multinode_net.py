@@ -13,9 +13,13 @@ from typing import Any
 
 import pytest
 
+from holdover.bridge.service import Bridge, BridgeThread
 from holdover.cli.common import describe_job
-from holdover.lab.cluster_net import ClusterNet, TorchrunJob
+from holdover.journal import Journal
+from holdover.lab.broker import free_port
+from holdover.lab.cluster_net import ClusterNet, TorchrunJob, node_addr
 from holdover.node.launch import recover
+from holdover.settings import Settings
 from holdover.train import ckpt
 from holdover.train import job as jobrec
 
@@ -78,3 +82,48 @@ def test_link_loss_mid_training_each_rank_saves_alone_and_both_resume_bit_for_bi
         for node in (0, 1):
             first = again.lines[node][0]
             assert first["resumed"] == saved and first["digest"] == job.digest(node, saved), first
+
+
+def test_a_silent_peer_makes_the_nodes_bridge_ask_its_rank_to_save_without_a_collective(tmp_path: Path) -> None:
+    """The bridge on node 0 checks node 1 every 0.2 s; the link between them dies; after
+    lost_after_s it raises peer_lost, whose rescue asks rank 0 to save, and rank 0's Guard serves
+    it from its watchdog (its own stall save is off here), at the last step it completed."""
+    with ClusterNet(2) as net:
+        job = TorchrunJob(net, tmp_path, "--step-sleep", "0.02", "--stall-save", "0")
+        s = Settings.model_validate(
+            {
+                "mqtt": {"port": free_port()},  # no broker: the peer check and the rescue need none
+                "journal": {"path": str(tmp_path / "node0.db")},
+                "failover": {"node": "node0"},
+                "protect": {"registry": str(tmp_path / "node0" / "reg"), "grace": 0, "gcore": False},
+                "cluster": {
+                    "peers": [f"{node_addr(1)}:22"],  # nothing listens: refused, which is an answer
+                    "every_s": 0.2,
+                    "timeout_s": 0.3,
+                    "lost_after_s": 1.0,
+                    "netns": net.node_names[0],
+                },
+            }
+        )
+        bridge = BridgeThread(Bridge(s)).start()
+        try:
+            _wait(lambda: job.step(0) >= 10 and job.step(1) >= 10, 120, "both ranks training")
+            time.sleep(1.0)
+            with Journal(tmp_path / "node0.db", readonly=True) as j:
+                assert not j.events(kinds=["peer_lost"])  # a peer that refuses is a peer that answers
+            net.partition()
+            t0 = time.monotonic()
+            d = _wait(lambda: _saved(tmp_path, 0), 30, "rank 0 saved")[0]
+            took = time.monotonic() - t0
+            print(f"link lost -> peer_lost -> rank 0 saved in {took:.2f} s (lost_after_s 1, boundary_wait_s 2)")
+            m = ckpt.verify(d)
+            assert m.meta["collective_free"] is True and m.step == job.step(0), (m.step, job.step(0))
+            assert not _saved(tmp_path, 1)  # node 1 has no bridge here: its rank only blocks
+            with Journal(tmp_path / "node0.db", readonly=True) as j:
+                lost = j.events(kinds=["peer_lost"])
+                assert [e.data["peer"] for e in lost] == [f"{node_addr(1)}:22"]
+            net.partition(False)
+            _wait(lambda: bridge.bridge.peers and not bridge.bridge.peers.lost, 10, "peer_back")
+        finally:
+            bridge.stop()
+            job.kill()

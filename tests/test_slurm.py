@@ -219,6 +219,7 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
 
     from holdover.bridge.service import Bridge, BridgeThread
     from holdover.settings import Settings
+    from holdover.train import job as jobrec
 
     pytest.importorskip("torch")
     with SlurmLab({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
@@ -262,6 +263,9 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
                 assert (lab.dir / f"ckpt-{n}" / f"rank{rank}" / f"step_{step:09d}").is_dir(), list(
                     (lab.dir / f"ckpt-{n}").rglob("step_*")
                 )
+                # and each node's disk holds the job's record: that step complete on both ranks
+                complete = lambda n=n: (jobrec.read(lab.dir / f"ckpt-{n}").complete or {}).get("step") == step  # noqa: E731
+                wait_for(complete, 10, f"the job's record of step {step} on {n}")
             # Requeued: pending again, and nothing starts it while its nodes are drained.
             wait_for(lambda: "PENDING" in lab.run("squeue", "-h", "-j", job, "-o", "%T"), 15, "the job pending")
             # `holdover status` (the journal, no bridge needed) lists what was drained and each job's fate.

@@ -251,6 +251,16 @@ _KINDS = (
         HOST,
         doing="no verified checkpoint of one step from: {missing}; the job was left running",
     ),
+    # --- the other nodes of this node's jobs (cluster/peers.py) ----------------------------------
+    Kind(
+        "peer_lost",
+        WARNING,
+        "node {peer} silent for {silent_s} s: the link between the nodes may be dead",
+        HOST,
+        starts_rescue=True,
+        doing="every run here saves its last whole step, without waiting for the other ranks",
+    ),
+    Kind("peer_back", INFO, "node {peer} answers again", HOST, resolves="peer_lost"),
 )
 TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)

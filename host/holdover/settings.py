@@ -521,6 +521,29 @@ class SlurmSignal(_Strict):
     signal: SignalName = Field(..., description="USR1, USR2, TERM...")
 
 
+class PeerSettings(_Strict):
+    """The other nodes of this node's multi-node jobs, checked every second (cluster/peers.py): one
+    silent for lost_after_s means the link between the nodes may be dead, and this node's runs are
+    asked to checkpoint (their Guards save without a collective)."""
+
+    peers: list[str] = Field(
+        default_factory=list, description='"host:port" of each other node; any port (a refused one answers)'
+    )
+    every_s: float = Field(1.0, gt=0, description="how often each peer is checked")
+    timeout_s: float = Field(1.0, gt=0, description="a check with no answer within this is silence")
+    lost_after_s: float = Field(5.0, gt=0, description="silent this long: peer_lost, and a checkpoint of every run")
+    netns: str | None = Field(None, description="check from this network namespace (tests)")
+
+    @field_validator("peers")
+    @classmethod
+    def _host_port(cls, peers: list[str]) -> list[str]:
+        for p in peers:
+            host, _, port = p.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"peer {p!r} is not host:port")
+        return peers
+
+
 class SlurmSettings(_Strict):
     """Slurm's nodes on circuits: drain them on a cut and tell their jobs to checkpoint."""
 
@@ -594,6 +617,7 @@ class Settings(_Strict):
     diagnose: DiagnoseSettings = DiagnoseSettings()
     ha: HaSettings = HaSettings()
     slurm: SlurmSettings = SlurmSettings()
+    cluster: PeerSettings = PeerSettings()
 
     @model_validator(mode="after")
     def _unique_sentinels(self) -> Settings:

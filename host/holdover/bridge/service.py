@@ -27,6 +27,7 @@ from holdover.bridge.presence import Presence
 from holdover.bridge.serial_link import SerialLink
 from holdover.bridge.site import Site
 from holdover.cluster.circuits import Circuits
+from holdover.cluster.peers import PeerWatch
 from holdover.events import Reaction
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
@@ -119,6 +120,9 @@ class Bridge:
         if bonds.enabled and (bonds.proc / "net" / "bonding").is_dir():
             self.reactions.append(BondWatch(bonds, self.node_event))
         self.circuits = Circuits(self.settings, self.node_event) if self.settings.slurm.enabled else None
+        self.peers = PeerWatch(self.settings.cluster, self.node_event) if self.settings.cluster.peers else None
+        if self.peers is not None:
+            self.reactions.append(self.peers)
         if self.circuits is not None:
             self.reactions.append(self.circuits)
         self._uplink_active: str | None = None  # from failover's last state
