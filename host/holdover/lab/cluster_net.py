@@ -26,11 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import NetNS
-from pyroute2 import netns as pr_netns
-
 from holdover import proc
-from holdover.lab.netlab import veth
+from holdover.lab.netlab import Namespaces, veth
 from holdover.train import registry
 
 SITE = "10.77.255.1"
@@ -40,42 +37,21 @@ def node_addr(i: int) -> str:
     return f"10.77.{i}.2"
 
 
-class ClusterNet:
+class ClusterNet(Namespaces):
     def __init__(self, nodes: int = 2) -> None:
+        super().__init__()
         tag = f"{os.getpid()}{secrets.token_hex(2)}"
         self.switch_name = f"hsw{tag}"
         self.node_names = [f"hn{i}x{tag}" for i in range(nodes)]
-        self._ns: list[Any] = []
-
-    def __enter__(self) -> ClusterNet:
-        try:
-            self._build()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
 
     def _build(self) -> None:
-        for name in (self.switch_name, *self.node_names):
-            pr_netns.create(name)
-        switch = NetNS(self.switch_name)
-        self._ns.append(switch)
-        switch.link("set", index=switch.link_lookup(ifname="lo")[0], state="up")
+        switch = self.open(self.switch_name)
         switch.addr("add", index=switch.link_lookup(ifname="lo")[0], address=SITE, prefixlen=32)
         for i, name in enumerate(self.node_names):
-            node = NetNS(name)
-            self._ns.append(node)
-            node.link("set", index=node.link_lookup(ifname="lo")[0], state="up")
+            node = self.open(name)
             veth(node, "eth0", switch, self.switch_name, f"n{i}", node_addr(i), f"10.77.{i}.1", 24)
             node.route("add", dst="default", gateway=f"10.77.{i}.1")
         self._sh(self.switch_name, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-
-    def __exit__(self, *exc: object) -> None:
-        for ns in self._ns:
-            ns.close()
-        for name in (self.switch_name, *self.node_names):
-            with contextlib.suppress(OSError):
-                pr_netns.remove(name)
 
     def _sh(self, ns: str, *argv: str, check: bool = True) -> None:
         r = proc.run_sync(["ip", "netns", "exec", ns, *argv], timeout=10)

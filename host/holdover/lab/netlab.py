@@ -21,7 +21,7 @@ import os
 import secrets
 import socket
 import threading
-from typing import Any
+from typing import Any, Self
 
 from pyroute2 import NetNS
 from pyroute2 import netns as pr_netns
@@ -70,8 +70,44 @@ def veth(a: Any, a_name: str, b: Any, b_ns: str, b_name: str, a_addr: str, b_add
     b.link("set", index=ib, state="up")
 
 
-class NetLab:
+class Namespaces:
+    """A lab's network namespaces: each made and opened by `open()` inside `_build`, all closed and
+    removed on exit, also when the build failed halfway."""
+
     def __init__(self) -> None:
+        self._made: list[tuple[str, Any]] = []
+
+    def __enter__(self) -> Self:
+        try:
+            self._build()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def open(self, name: str) -> Any:
+        """A new namespace `name` with its loopback up, as a pyroute2 handle."""
+        pr_netns.create(name)
+        ns = NetNS(name)
+        self._made.append((name, ns))
+        ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        return ns
+
+    def __exit__(self, *exc: object) -> None:
+        for _name, ns in self._made:
+            ns.close()
+        for name, _ns in self._made:
+            with contextlib.suppress(OSError):
+                pr_netns.remove(name)
+        self._made = []
+
+
+class NetLab(Namespaces):
+    def __init__(self) -> None:
+        super().__init__()
         tag = f"{os.getpid()}{secrets.token_hex(2)}"
         self.node_name = f"hnode{tag}"
         self.inet_name = f"hinet{tag}"
@@ -82,22 +118,10 @@ class NetLab:
         self._servers: list[socket.socket] = []
         self.peers: list[str] = []  # source address of every connection the target accepted
 
-    def __enter__(self) -> NetLab:
-        try:
-            self._build()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
     def _build(self) -> None:
-        for name in (self.node_name, self.inet_name, *self.isp_names.values()):
-            pr_netns.create(name)
-        self.node = NetNS(self.node_name)
-        self.inet = NetNS(self.inet_name)
-        self.isps = {isp: NetNS(name) for isp, name in self.isp_names.items()}
-        for ns in (self.node, self.inet, *self.isps.values()):
-            ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        self.node = self.open(self.node_name)
+        self.inet = self.open(self.inet_name)
+        self.isps = {isp: self.open(name) for isp, name in self.isp_names.items()}
         for u in (PRIMARY, BACKUP):
             isp, isp_name = self.isps[u["isp"]], self.isp_names[u["isp"]]
             veth(self.node, u["dev"], isp, isp_name, u["far"], u["addr"], u["gateway"], 24)
@@ -116,12 +140,7 @@ class NetLab:
     def __exit__(self, *exc: object) -> None:
         for s in self._servers:
             s.close()
-        for ns in (self.node, self.inet, *self.isps.values()):
-            if ns is not None:
-                ns.close()
-        for name in (self.node_name, self.inet_name, *self.isp_names.values()):
-            with contextlib.suppress(OSError):
-                pr_netns.remove(name)
+        super().__exit__(*exc)
 
     # --- the internet side ------------------------------------------------------------------------
 
