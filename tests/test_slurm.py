@@ -36,6 +36,14 @@ def _events(rig, kind: str) -> list[dict]:
         return [e.data for e in reversed(j.events(kinds=[kind]))]
 
 
+def _cut(rig) -> float:
+    """Cut the emulated mains; the monotonic time of the cut, once the sentinel said mains_lost."""
+    since = time.monotonic()
+    rig.control.send(mains=False)
+    rig.wait("mains_lost", 5, since)
+    return since
+
+
 def _running(lab: SlurmLab, job: str) -> bool:
     return "RUNNING" in lab.run("squeue", "-h", "-j", job, "-o", "%T")
 
@@ -56,17 +64,13 @@ def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back
         time.sleep(0.5)  # the tasks' traps set
 
         # A blip inside the grace moves nothing.
-        since = time.monotonic()
-        rig.control.send(mains=False)
-        rig.wait("mains_lost", 5, since)
+        since = _cut(rig)
         rig.control.send(mains=True)
         rig.wait("mains_restored", 5, since)
         time.sleep(2.0)
         assert _events(rig, "slurm_drained") == [] and lab.states()["n1"][0] == "idle"
 
-        since = time.monotonic()
-        rig.control.send(mains=False)
-        rig.wait("mains_lost", 5, since)
+        since = _cut(rig)
         wait_for(lambda: _events(rig, "slurm_drained"), 10, "the circuit drained")
         took = time.monotonic() - since
         [drained] = _events(rig, "slurm_drained")
@@ -103,9 +107,7 @@ def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back
         # Slurm gone during a cut: the bridge says so once, goes on, and drains when it is back.
         lab.stop("slurmctld")
         rig.bridge.bridge.circuits.retry_s = 0.5
-        since = time.monotonic()
-        rig.control.send(mains=False)
-        rig.wait("mains_lost", 5, since)
+        since = _cut(rig)
         wait_for(lambda: _events(rig, "slurm_failed"), 20, "the failure told")
         failed = _events(rig, "slurm_failed")[0]
         assert failed["circuit"] == "rack1" and failed["what"] == "reading n[1-2]" and failed["error"], failed
@@ -125,9 +127,7 @@ def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back
         rig.wait("mains_restored", 5, since)
         wait_for(lambda: len(_events(rig, "slurm_resumed")) == 2, 10, "resumed again")
         wait_for(lambda: not lab.run("squeue", "-h", "-o", "%i").strip(), 10, "no job left")
-        since = time.monotonic()
-        rig.control.send(mains=False)
-        rig.wait("mains_lost", 5, since)
+        since = _cut(rig)
         wait_for(lambda: len(_events(rig, "slurm_drained")) == 3, 10, "drained with no job")
         last = _events(rig, "slurm_drained")[2]
         assert (last["count"], last["jobs"], last["jobs_told"]) == (1, [], 0), last  # n2; n1 is the admin's
@@ -250,9 +250,7 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
             ).strip()  # fmt: skip
             regs = [lab.dir / "reg-n1" / "train.json", lab.dir / "reg-n2" / "train.rank1.json"]
             wait_for(lambda: all(r.exists() for r in regs), 60, "both ranks registered (torch's import is slow here)")
-            since = time.monotonic()
-            rig.control.send(mains=False)
-            rig.wait("mains_lost", 5, since)
+            since = _cut(rig)
             wait_for(lambda: _events(rig, "slurm_job_saved"), 30, "the job saved on both nodes")
             took = time.monotonic() - since
             [saved] = _events(rig, "slurm_job_saved")

@@ -16,6 +16,7 @@ namespaces, which are removed on close; nothing here touches the namespace the c
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import secrets
@@ -70,7 +71,7 @@ def veth(a: Any, a_name: str, b: Any, b_ns: str, b_name: str, a_addr: str, b_add
     b.link("set", index=ib, state="up")
 
 
-class Namespaces:
+class Namespaces(abc.ABC):
     """A lab's network namespaces: each made and opened by `open()` inside `_build`, all closed and
     removed on exit, also when the build failed halfway."""
 
@@ -85,8 +86,9 @@ class Namespaces:
             raise
         return self
 
+    @abc.abstractmethod
     def _build(self) -> None:
-        raise NotImplementedError
+        """Make the lab's namespaces (with `open`) and wire them."""
 
     def open(self, name: str) -> Any:
         """A new namespace `name` with its loopback up, as a pyroute2 handle."""

@@ -401,17 +401,7 @@ class Guard:
             _step, directory, manifest = self._last
             if kind in ("emergency", "stalled"):
                 ckpt.pin(directory, ",".join(reasons))
-            self._update(
-                rids,
-                state="done",
-                step=step,
-                dir=str(directory),
-                seconds=0.0,
-                bytes_total=manifest.nbytes,
-                bytes_done=manifest.nbytes,
-            )
-            if any(self._requests[r].get("after") == "exit" for r in rids):
-                self._stop = True
+            self._done_with(rids, directory, manifest, 0.0, step=step)
             return
         self._update(rids, state="saving", step=step, started=time.time())
         t0 = time.monotonic()
@@ -431,6 +421,17 @@ class Guard:
             self.log(f"holdover: checkpoint at step {step} failed: {e}")
             return
         seconds = time.monotonic() - t0
+        self._done_with(rids, directory, manifest, seconds)
+        # Only now: deleting an old checkpoint (0.5 s for 4 GB) must not delay the `done` the
+        # bridge is waiting for inside the battery's runtime.
+        self._prune(directory)
+        if self.interval:
+            self.interval.saved(step, self.last_loss, seconds)
+
+    def _done_with(
+        self, rids: list[str], directory: Path, manifest: ckpt.Manifest, seconds: float, **more: Any
+    ) -> None:
+        """The requests answered by this checkpoint; the run stops if one asked to exit after it."""
         self._update(
             rids,
             state="done",
@@ -438,12 +439,8 @@ class Guard:
             seconds=round(seconds, 4),
             bytes_total=manifest.nbytes,
             bytes_done=manifest.nbytes,
+            **more,
         )
-        # Only now: deleting an old checkpoint (0.5 s for 4 GB) must not delay the `done` the
-        # bridge is waiting for inside the battery's runtime.
-        self._prune(directory)
-        if self.interval:
-            self.interval.saved(step, self.last_loss, seconds)
         if any(self._requests[r].get("after") == "exit" for r in rids):
             self._stop = True
 
