@@ -1,12 +1,15 @@
 """A 2-node job across real network namespaces (holdover.lab.cluster_net), torchrun on each node
-with a static rendezvous, one gloo rank per node, each node its own checkpoint disk. The link
-between the nodes dies while the ranks are training: no collective can complete, and each rank's
-Guard saves its last whole step on its own; resumed on both nodes, the state is bit for bit what
-it was at that step."""
+with a static rendezvous, one gloo rank per node, each node its own checkpoint disk and its own
+bridge. A power cut: both ranks save one step, agreed over the link, and each node's bridge
+verifies its rank's files. The link between the nodes dies while the ranks are training: no
+collective can complete, and each rank's Guard saves its last whole step on its own. A rank killed
+in the middle of its save: that step is not the job's. In every case, resumed on both nodes, the
+state is bit for bit what it was at the step resumed."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,10 @@ from holdover.bridge.service import Bridge, BridgeThread
 from holdover.cli.common import describe_job
 from holdover.journal import Journal
 from holdover.lab.broker import free_port
-from holdover.lab.cluster_net import ClusterNet, TorchrunJob, node_addr
+from holdover.lab.cluster_net import ClusterNet, NodeBridges, TorchrunJob, node_addr
 from holdover.node.launch import recover
 from holdover.settings import Settings
-from holdover.train import ckpt
+from holdover.train import ckpt, registry
 from holdover.train import job as jobrec
 
 pytest.importorskip("torch")
@@ -36,6 +39,37 @@ def _wait(pred: Any, timeout: float, what: str) -> Any:
 
 def _saved(tmp: Path, node: int) -> list[Path]:
     return ckpt.candidates(tmp / f"node{node}" / "ckpt" / f"rank{node}")
+
+
+def test_a_cut_saves_one_step_on_both_nodes_each_bridge_verifies_its_rank_and_both_resume_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    """One broker, one emulated sentinel, one bridge a node (holdover.lab.cluster_net.NodeBridges)."""
+    with ClusterNet(2) as net, NodeBridges(tmp_path) as site:
+        job = TorchrunJob(net, tmp_path, "--step-sleep", "0.02")
+        try:
+            _wait(lambda: job.registered() and min(job.step(0), job.step(1)) >= 5, 120, "both ranks training")
+            t0 = time.monotonic()
+            site.rig.control.send(mains=False)
+            site.rig.wait("mains_lost", 5, t0)
+            got = _wait(lambda: all(map(site.verified, (0, 1))) and [site.verified(n) for n in (0, 1)], 60, "verified")
+            took = time.monotonic() - t0
+            dirs = [Path(g[0]["dir"]) for g in got]
+            steps = [ckpt.verify(d).step for d in dirs]
+            print(f"cut -> both bridges verified their rank's checkpoint in {took:.2f} s (grace 0.5 s), steps {steps}")
+            assert steps[0] == steps[1], steps  # one step, agreed over the link
+            saved = steps[0]
+            for n in (0, 1):
+                assert dirs[n] == job.ckpt(n) / f"rank{n}" / f"step_{saved:09d}", dirs  # each bridge its own rank
+                rec = lambda n=n: (jobrec.read(job.ckpt(n)).complete or {}).get("step") == saved  # noqa: E731
+                _wait(rec, 10, f"node {n}'s record of step {saved} complete on both ranks")
+        finally:
+            job.kill()
+        again = TorchrunJob(net, tmp_path, "--steps", str(saved + 2), "--step-sleep", "0")
+        assert again.finish() == [0, 0], [e.read_text()[-1500:] for e in again.errs]
+        for node in (0, 1):
+            first = again.lines[node][0]
+            assert first["resumed"] == saved and first["digest"] == job.digest(node, saved), first
 
 
 def test_link_loss_mid_training_each_rank_saves_alone_and_both_resume_bit_for_bit(tmp_path: Path) -> None:
@@ -127,3 +161,36 @@ def test_a_silent_peer_makes_the_nodes_bridge_ask_its_rank_to_save_without_a_col
         finally:
             bridge.stop()
             job.kill()
+
+
+def test_a_rank_killed_during_its_save_leaves_that_step_to_no_one_and_both_resume_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """Both ranks save at steps 3 and 6 (a 200 MB state, so a save lasts long enough to be caught
+    in); rank 1 is killed -9 the moment its step-6 directory is being built."""
+    with ClusterNet(2) as net:
+        job = TorchrunJob(
+            net, tmp_path, "--step-sleep", "0", "--width", "4096", "--save-at", "3,6", "--stall-save", "0"
+        )
+        try:
+            _wait(lambda: (jobrec.read(job.ckpt(1)).complete or {}).get("step") == 3, 120, "step 3 complete")
+            [reg] = registry.read_registrations(tmp_path / "node1" / "reg")[0]
+            rank1 = job.ckpt(1) / "rank1"
+            end = time.monotonic() + 60
+            while not any(p.name.startswith(".tmp-step_000000006") for p in rank1.iterdir()):
+                assert time.monotonic() < end, "rank 1 never began its step-6 save"
+            os.kill(reg.pid, signal.SIGKILL)
+            assert not (rank1 / "step_000000006").exists(), "the save finished before the kill: a bigger --width"
+        finally:
+            job.kill()
+        for n in (0, 1):
+            view = jobrec.read(job.ckpt(n))
+            assert view.complete and view.complete["step"] == 3, view  # step 6 was never the job's
+        assert jobrec.read(job.ckpt(1)).done[1]["step"] == 3
+        assert [ckpt.verify(d).step for d in _saved(tmp_path, 1)] == [3]  # the half-built 6 is no candidate
+
+        again = TorchrunJob(net, tmp_path, "--steps", "4", "--step-sleep", "0", "--width", "4096")
+        assert again.finish() == [0, 0], [e.read_text()[-1500:] for e in again.errs]
+        for node in (0, 1):
+            first = again.lines[node][0]
+            assert first["resumed"] == 3 and first["digest"] == job.digest(node, 3), first

@@ -112,6 +112,10 @@ class TorchrunJob:
             if line.startswith("{"):
                 self.lines[node].append(json.loads(line))
 
+    def registered(self) -> bool:
+        """Every rank's Guard registered with its node's bridge (so the bridge can ask it to save)."""
+        return all(registry.read_registrations(self.tmp / f"node{n}" / "reg")[0] for n in self.nodes)
+
     def step(self, node: int) -> int:
         """The newest step the node's rank completed."""
         return max((x.get("step", 0) for x in self.lines[node]), default=0)
@@ -140,3 +144,72 @@ class TorchrunJob:
         for t in self.readers:
             t.join(10)
         return codes
+
+
+class NodeBridges:
+    """One sentinel, one broker, one bridge a training node, as a site runs them: each bridge
+    its own journal `tmp/nodeN.db`, registry `tmp/nodeN/reg` (where TorchrunJob's ranks
+    register), node name and MQTT client id. Node 0's bridge is the rig's own (its verdicts
+    timestamped as the rig sees them); the others beside it on the same broker and key. They
+    reach the broker on the caller's loopback: what they share with the nodes is the registry's
+    socket on the node's disk, not the namespaces' links."""
+
+    def __init__(self, tmp: Path, nodes: int = 2, grace: float = 0.5) -> None:
+        from holdover.lab.rig import Rig
+
+        self.tmp = tmp
+        self.grace = grace
+        node0 = self.config(0)
+        self.rig = Rig(
+            tmp / "site",
+            protect=node0["protect"],
+            bridge_mqtt=node0["mqtt"],
+            bridge_extra={"journal": node0["journal"], "failover": node0["failover"]},
+        )
+        self.nodes = range(nodes)
+        self.others: list[Any] = []
+
+    def config(self, node: int) -> dict[str, Any]:
+        """Node `node`'s bridge's settings, less the broker and sentinel the rig provides."""
+        return {
+            "mqtt": {"client_id": f"holdover-bridge-node{node}"},
+            "journal": {"path": str(self.journal(node))},
+            "failover": {"node": f"node{node}"},
+            "protect": {"registry": str(self.tmp / f"node{node}" / "reg"), "grace": self.grace, "gcore": False},
+        }
+
+    def journal(self, node: int) -> Path:
+        return self.tmp / f"node{node}.db"
+
+    def start(self) -> NodeBridges:
+        from holdover.bridge.service import Bridge, BridgeThread
+        from holdover.settings import Settings
+
+        self.rig.start()
+        for n in self.nodes[1:]:
+            cfg = self.config(n)
+            cfg["mqtt"] |= {"host": self.rig.broker.host, "port": self.rig.broker.port}
+            cfg["sentinels"] = [{"id": self.rig.sid, "key": self.rig.key}]
+            self.others.append(BridgeThread(Bridge(Settings.model_validate(cfg))).start())
+        self.rig.wait("boot", 15)
+        return self
+
+    def verified(self, node: int) -> list[dict[str, Any]]:
+        """The checkpoints node `node`'s bridge verified, oldest first."""
+        from holdover.journal import Journal
+
+        if not self.journal(node).exists():
+            return []
+        with Journal(self.journal(node), readonly=True) as j:
+            return [e.data for e in reversed(j.events(kinds=["checkpoint_verified"]))]
+
+    def close(self) -> None:
+        for b in self.others:
+            b.stop()
+        self.rig.close()
+
+    def __enter__(self) -> NodeBridges:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-save", type=float, default=None, help="the Guard's stall_save_s (0: off)")
     ap.add_argument("--save-every", type=int, default=0, help="a periodic save every N steps")
     ap.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's collective timeout, s")
+    ap.add_argument("--width", type=int, default=64, help="the model's width (its state: 12 x width^2 bytes)")
     args = ap.parse_args(argv)
     save_at = {int(x) for x in args.save_at.split(",") if x}
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=args.pg_timeout)
     )
     torch.manual_seed(0)
-    model = torch.nn.Linear(64, 64)
+    model = torch.nn.Linear(args.width, args.width)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(rank)
     guard = protect(
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"rank": rank, "resumed": first - 1, "digest": _digest(model, opt)}), flush=True)
     try:
         for step in range(first, args.steps + 1):
-            loss = model(torch.randn(16, 64, generator=data)).pow(2).mean()
+            loss = model(torch.randn(16, args.width, generator=data)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             for p in model.parameters():
