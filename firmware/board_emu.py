@@ -17,7 +17,7 @@ import line
 gc.collect()
 _before = gc.mem_alloc()
 import emu_control  # noqa: E402
-from emu_world import WLAN, World, read_json, write_json  # noqa: E402
+from emu_world import WLAN, Counter, World, read_json, write_json  # noqa: E402
 
 gc.collect()
 EMU_ONLY_BYTES = gc.mem_alloc() - _before
@@ -39,7 +39,7 @@ SERIAL_BACKLOG = 64  # lines waiting for a slow serial reader; older ones go, as
 def _usage(msg):
     print("# emu: " + msg)
     print("# usage: emu_main.py --config FILE --control HOST:PORT --state DIR")
-    print("#        [--serial HOST:PORT] [--reset-cause CAUSE] [--ticks-start MS]")
+    print("#        [--serial HOST:PORT] [--reset-cause CAUSE] [--ticks-start MS] [--no-counter 1]")
     sys.exit(EXIT_CONFIG)
 
 
@@ -184,6 +184,7 @@ class Board:
         self.serial = _split_hostport(opts["serial"]) if "serial" in opts else None
         self.state_dir = opts["state"]
         self._cause = opts.get("reset-cause", "power_on")
+        self._no_counter = opts.get("no-counter") == "1"
         try:
             os.mkdir(self.state_dir)
         except OSError:
@@ -202,6 +203,7 @@ class Board:
         self._wdt = None
         self._led = None
         self._mains_cfg = None
+        self._counter = None
         self.app = None
         self._clock = 0  # seconds added by NTP's set_time
         self._synced = False
@@ -214,6 +216,9 @@ class Board:
 
     def ticks_ms(self):
         return (time.ticks_diff(time.ticks_ms(), self._tick0) + self._tick_start) & (TICKS_PERIOD - 1)
+
+    def ticks_add(self, a, b):
+        return (a + b) & (TICKS_PERIOD - 1)
 
     def ticks_diff(self, a, b):
         return ((a - b + _TICKS_HALF) & (TICKS_PERIOD - 1)) - _TICKS_HALF
@@ -264,6 +269,15 @@ class Board:
         self._inputs[num] = p
         self._apply_mains()
         return p
+
+    def counter(self, pin, filter_ns):
+        """A hardware count of the pin's falling edges (machine.Counter), or None where the port
+        has none. The emulated port has one unless started with --no-counter (as MicroPython
+        before 1.25, which had no machine.Counter)."""
+        if self._no_counter:
+            return None
+        self._counter = Counter(self.world, filter_ns)
+        return self._counter
 
     def output(self, num, value=0):
         return _Output(value)
@@ -401,9 +415,9 @@ class Board:
         ]
         c = self._mains_cfg
         pin = self._inputs.get(c["pin"]) if c else None
-        if pin is not None and c["mode"] == "pulse":
+        # With a pulse counter the edges go to it, counted "in hardware"; else to the pin's IRQ.
+        if pin is not None and c["mode"] == "pulse" and self._counter is None:
             self._tasks.append(asyncio.create_task(self.world.pulses(pin)))
-            self._tasks.append(asyncio.create_task(self.world.ghosts(pin)))
         print("# emu: control on %s:%d" % (host, port))
         if self.serial:
             await self._listen(

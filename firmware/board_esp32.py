@@ -52,6 +52,7 @@ class Board:
         self.app = None
         self.ticks_ms = time.ticks_ms
         self.ticks_diff = time.ticks_diff
+        self.ticks_add = time.ticks_add
 
     def set_time(self, unix):
         t = time.gmtime(unix - _EPOCH_OFFSET)
@@ -93,6 +94,14 @@ class Board:
     def input(self, num, pull_up=False):
         pull = machine.Pin.PULL_UP if pull_up else None
         return _Input(machine.Pin(num, machine.Pin.IN, pull))
+
+    def counter(self, pin, filter_ns):
+        """The pin's falling edges counted by a PCNT unit (machine.Counter, in recent MicroPython),
+        through the VM's stalls that hold soft IRQs back; None on firmware without it."""
+        counter = getattr(machine, "Counter", None)
+        if counter is None:
+            return None
+        return counter(0, pin.pin, edge=counter.FALLING, filter_ns=filter_ns)
 
     def output(self, num, value=0):
         # value= before the direction switch, so the pin never glitches the relay at boot.

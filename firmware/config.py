@@ -124,6 +124,13 @@ SPEC = {
         "pulse_edges": (int, 4, _rng(2, 32)),
         "pulse_gap_ms": (int, 25, _rng(12, 1000)),
         "sample_ms": (int, 5, _rng(1, 100)),
+        # Pulse mode: count edges with the chip's pulse counter (machine.Counter) where the
+        # firmware has it, sampled every `count_ms`; it counts through the VM's stalls. Its glitch
+        # filter drops pulses narrower than `filter_ns` (the ESP32's PCNT takes up to 12787 ns);
+        # an opto's pulses are milliseconds wide, interference spikes a few microseconds.
+        "counter": (bool, True, None),
+        "count_ms": (int, 2, _rng(1, 20)),
+        "filter_ns": (int, 10000, _rng(0, 12787)),
         # false when the opto module has its own pull-up (needed on GPIO 34-39, which have none)
         "pull_up": (bool, True, None),
     },

@@ -4,6 +4,7 @@
 import asyncio
 import gc
 import json
+import time
 
 CONTROL_LINE_MAX = 512  # bytes; the longest legitimate control command is ~40
 
@@ -16,6 +17,15 @@ COMMANDS = {
     "wlan": ("flag", "switch"),
     # Spurious edges on the mains pin, as GPIO36/39 see with WiFi on: with or without mains.
     "ghost_hz": ((0, 200, "edges per second"), "set"),
+    "ghost_us": ((1, 1000, "microseconds wide"), "set"),  # interference is a few us; wider passes the filter
+    # The line: 50 or 60 Hz (anything else is a line the watch must call unknown), and how many
+    # edges a cycle the opto gives (2: bridge-fed, 1: one half-wave).
+    "hz": ((40, 70, "Hz"), "set"),
+    "edges_per_cycle": ((1, 2, "edges"), "set"),
+    # The VM held up this long (a flash write, a GC pause) while the world goes on; with
+    # cut_in_stall_ms set first, mains goes that far into the stall.
+    "stall_ms": ((1, 2000, "ms"), "stall"),
+    "cut_in_stall_ms": ((0, 2000, "ms"), "set"),
     "battery_v": ((0, 30, "a voltage"), "volts"),  # a set voltage also ends a running discharge
     # A discharge runs the battery voltage down at this rate until 0 or a set battery_v.
     "discharge_v_per_s": ((0, 5, "volts"), "volts"),
@@ -87,6 +97,8 @@ def command(board, text):
     if does == "reset":
         board.reset_soon()
         return {"ok": True, "reset": True}
+    if does == "stall":
+        return _stall(board, int(v))
     if does == "volts":
         if k == "battery_v":
             board.world.set("discharge_v_per_s", 0)
@@ -96,6 +108,18 @@ def command(board, text):
     if does == "switch":
         # The firmware's own clock at the change, so a test can time what follows on the board.
         out["uptime_ms"] = board.app.uptime_ms() if board.app else None
+    return out
+
+
+def _stall(board, ms):
+    cut = min(int(board.world.get("cut_in_stall_ms") or 0), ms)
+    out = {"ok": True, "stall_ms": ms}
+    if cut:
+        time.sleep_ms(cut)  # blocking, as the chip's flash write is: no task, no soft IRQ runs
+        board.world.set("cut_in_stall_ms", 0)
+        board.world.set("mains", False)
+        out["uptime_ms"] = board.app.uptime_ms() if board.app else None
+    time.sleep_ms(ms - cut)
     return out
 
 

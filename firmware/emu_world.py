@@ -1,15 +1,22 @@
-# The physical world around the emulated board: mains (a level, or the 50 Hz edge train an AC
+# The physical world around the emulated board: mains (a level, or the 50/60 Hz edge train an AC
 # optocoupler gives), interference on the mains pin, the battery and its discharge, and the
 # WiFi access point. It outlives a reboot of the chip (kept in the state directory), as the
 # real world does. Emulator only: never on a board (host/holdover/board/manifest.py).
+#
+# Mains edges and ghosts are a timeline on a microsecond clock, not a task's ticks: a pulse
+# counter (machine.Counter) counts them in hardware while the VM is stalled, so the emulated
+# one must be able to say how many fell in any stretch of time, stalls included.
 import asyncio
 import json
 import os
 import time
 from random import getrandbits
 
-HALF_CYCLE_MS = 10  # 50 Hz mains: the opto output falls once per half-cycle
 DEFAULTS = {"mains": True, "battery_v": 4.1, "wlan": True}
+# The opto's output falls once per half-cycle (a bridge-fed opto) or once per cycle
+# ("edges_per_cycle": 1, a single-LED PC817 on one half-wave).
+EDGES_PER_CYCLE = 2
+IRQ_QUEUE = 4  # soft IRQs MicroPython keeps scheduled while the VM is busy; more are dropped
 
 
 def write_json(path, obj):
@@ -32,6 +39,12 @@ class World:
         self.path = path
         self.state = read_json(path, dict(DEFAULTS))
         self.on_change = None  # (key, value): what the board does when the world changes
+        self._us = 0
+        self._us_tick = time.ticks_us()
+        self._on_since = None  # world µs since mains has been on
+        self._edges_done = 0  # mains edges in the intervals that ended
+        self._ghost_next = None
+        self._mains_edit(self.state["mains"])
 
     def __getitem__(self, key):
         return self.state[key]
@@ -40,30 +53,81 @@ class World:
         return self.state.get(key, default)
 
     def set(self, key, value):
+        if key == "mains":
+            self._mains_edit(value)
+        elif key in ("hz", "edges_per_cycle") and self._on_since is not None:
+            self._mains_edit(False)  # the edges so far at the old period, the rest at the new
+            self.state[key] = value
+            self._mains_edit(True)
         self.state[key] = value
         write_json(self.path, self.state)
         if self.on_change is not None:
             self.on_change(key, value)
 
-    async def pulses(self, pin):
-        """The opto's edge train while mains is there, into the pin's IRQ handler."""
-        while True:
-            if self.state["mains"] and pin.handler is not None:
-                pin.handler(pin)
-            await asyncio.sleep_ms(HALF_CYCLE_MS)
+    # --- the mains pin's timeline ------------------------------------------------------------
 
-    async def ghosts(self, pin):
-        """Spurious edges, as GPIO36/39 see with WiFi on: with or without mains."""
+    def now_us(self):
+        """Microseconds since the world began; ticks_us wraps, this does not (read often)."""
+        t = time.ticks_us()
+        self._us += time.ticks_diff(t, self._us_tick)
+        self._us_tick = t
+        return self._us
+
+    def period_us(self):
+        hz = self.state.get("hz") or 50
+        return 1000000 // (hz * (self.state.get("edges_per_cycle") or EDGES_PER_CYCLE))
+
+    def _mains_edit(self, on):
+        # Mains' edges fall on multiples of the period on the world's clock; an interval of
+        # mains holds those inside it. Closed intervals are summed, so a count is O(1).
+        now = self.now_us()
+        if on and self._on_since is None:
+            self._on_since = now
+        elif not on and self._on_since is not None:
+            self._edges_done += self._edges_in(self._on_since, now)
+            self._on_since = None
+
+    def _edges_in(self, a, b):
+        p = self.period_us()
+        return max(0, b // p - (a + p - 1) // p + 1)
+
+    def mains_edges(self, now):
+        """Every mains edge on the pin since the world began, up to `now` (world µs)."""
+        n = self._edges_done
+        if self._on_since is not None:
+            n += self._edges_in(self._on_since, now)
+        return n
+
+    def ghosts_until(self, now):
+        """The ghost edges since the last call, as (µs, width µs): interference is irregular
+        (each gap 50..150 % of the mean) and narrow (a few µs unless "ghost_us" says wider)."""
+        hz = self.state.get("ghost_hz") or 0
+        if not hz:
+            self._ghost_next = None
+            return ()
+        out = []
+        mean = 1000000 // hz
+        if self._ghost_next is None:
+            self._ghost_next = now + mean * (128 + getrandbits(8)) // 256
+        while self._ghost_next <= now:
+            out.append((self._ghost_next, self.state.get("ghost_us") or 2))
+            self._ghost_next += mean // 2 + mean * getrandbits(8) // 255
+        return out
+
+    async def pulses(self, pin):
+        """The edge train, into the pin's IRQ handler as MicroPython's soft IRQs run it: late by
+        whatever held the VM, and at most IRQ_QUEUE of them caught up after a stall. No glitch
+        filter on this path: every ghost is an edge."""
+        seen = self.mains_edges(self.now_us())
         while True:
-            hz = self.state.get("ghost_hz") or 0
-            if not hz:
-                await asyncio.sleep_ms(50)
-                continue
-            # Irregular, as interference is: each gap 50..150 % of the mean.
-            mean = 1000 / hz
-            await asyncio.sleep_ms(int(mean * (0.5 + getrandbits(8) / 255)))
-            if (self.state.get("ghost_hz") or 0) and pin.handler is not None:
-                pin.handler(pin)
+            now = self.now_us()
+            due = self.mains_edges(now) - seen + len(self.ghosts_until(now))
+            seen = self.mains_edges(now)
+            if pin.handler is not None:
+                for _ in range(min(due, IRQ_QUEUE)):
+                    pin.handler(pin)
+            p = self.period_us()
+            await asyncio.sleep_ms(max(1, (p - now % p) // 1000))
 
     async def discharge(self):
         step_ms = 100
@@ -81,6 +145,29 @@ class World:
         if noise:
             v += noise * (getrandbits(16) / 32767.5 - 1)
         return v
+
+
+class Counter:
+    """machine.Counter as the esp32 port has it (a PCNT unit): counts the pin's edges whatever
+    the VM is doing, ignoring pulses narrower than `filter_ns` (the unit's glitch filter)."""
+
+    RISING, FALLING, UP, DOWN = 1, 2, 1, 2
+
+    def __init__(self, world, filter_ns=0):
+        self.world = world
+        self.filter_ns = filter_ns
+        self._ghosts = 0
+        self._base = world.mains_edges(world.now_us())
+
+    def value(self, v=None):
+        now = self.world.now_us()
+        for _t, width_us in self.world.ghosts_until(now):
+            if width_us * 1000 >= self.filter_ns:
+                self._ghosts += 1
+        n = self.world.mains_edges(now) - self._base + self._ghosts
+        if v is not None:
+            self._base += n - v
+        return n
 
 
 class WLAN:

@@ -35,6 +35,10 @@ OFFLINE = "offline"
 BOOT = "boot"
 MAINS_LOST = "mains_lost"
 MAINS_RESTORED = "mains_restored"
+# No mains edge for 1.5 periods: said at once, never alerted, never kept in the outbox (a flash
+# write in the watch's first milliseconds is the stall the pulse counter is there to outlast).
+MAINS_SUSPECT = "mains_suspect"
+MAINS_DIP = "mains_dip"  # a suspicion that cleared before the debounce, with its length
 BATTERY_LOW = "battery_low"
 BATTERY_CRITICAL = "battery_critical"
 BATTERY_OK = "battery_ok"
@@ -46,6 +50,8 @@ EVENT_KINDS = (
     BOOT,
     MAINS_LOST,
     MAINS_RESTORED,
+    MAINS_SUSPECT,
+    MAINS_DIP,
     BATTERY_LOW,
     BATTERY_CRITICAL,
     BATTERY_OK,
@@ -55,6 +61,8 @@ EVENT_KINDS = (
     HEARTBEAT,
 )
 CRITICAL_KINDS = (MAINS_LOST, MAINS_RESTORED, BATTERY_LOW, BATTERY_CRITICAL, BATTERY_OK)
+# Sent as they happen and not kept: neither in the outbox nor in the chain of events ("prev").
+TRANSIENT_KINDS = (HEARTBEAT, MAINS_SUSPECT)
 # Message kinds that are not events: the state snapshot, a command, a command's answer.
 STATE_KIND = "state"
 CMD_KIND = "cmd"

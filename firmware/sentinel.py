@@ -62,7 +62,7 @@ class Sentinel:
             log=self.log,
         )
         self.mqtt.subscribe(protocol.topic(self.sid, protocol.CMD))
-        self.mains = mains.MainsWatch(board, cfg["mains"], self._mains_changed)
+        self.mains = mains.MainsWatch(board, cfg["mains"], self._mains_changed, self._mains_tier)
         self.wifi = wifi.WifiKeeper(board.wlan(), cfg["wlan"], board, self.log)
         self.battery = self.uplink = self.relay = self.led = None
         if cfg["led"]["pin"] >= 0:
@@ -141,7 +141,7 @@ class Sentinel:
             r = self.runtime_s()
             if r is not None:
                 data[protocol.RUNTIME] = r
-        if kind != protocol.HEARTBEAT:
+        if kind not in protocol.TRANSIENT_KINDS:
             # A chain through the events the outbox keeps, so the bridge can name a gap (one lost
             # from RAM when the outbox was full, say) even though state and acks share the seq.
             if self._last_event:
@@ -150,9 +150,15 @@ class Sentinel:
         payload = self._seal(kind, data)
         self.raised[kind] = self.raised.get(kind, 0) + 1
         critical = kind in protocol.CRITICAL_KINDS
-        if kind == protocol.HEARTBEAT:
+        if kind in protocol.TRANSIENT_KINDS:
             self.board.serial_out(payload)
-            self.mqtt.publish(protocol.topic(self.sid, protocol.EVENT), payload, qos=1)
+            if kind == protocol.HEARTBEAT or self.mqtt.connected:
+                # A suspicion is worth something only now: not queued in RAM for a later link
+                # (its dip or loss follows, kept), and it changes nothing in the state.
+                self.mqtt.publish(protocol.topic(self.sid, protocol.EVENT), payload, qos=1)
+            if kind == protocol.MAINS_SUSPECT:
+                self.log("event", kind, "seq", self.seq)
+                return
         elif not self.outbox.append(payload, critical):
             # Outbox full: the event still goes, from RAM, where a reset would lose it.
             self.log("outbox", "full, %s seq %d kept in RAM only" % (kind, self.seq))
@@ -300,7 +306,22 @@ class Sentinel:
         if present:
             self.emit(protocol.MAINS_RESTORED, {"outage_ms": held_ms})
         else:
-            self.emit(protocol.MAINS_LOST, {"debounce_ms": self.mains.debounce})
+            last = self._uptime_at(self.mains.changed_ms)
+            self.emit(protocol.MAINS_LOST, {"debounce_ms": self.mains.debounce, "last_pulse_ms": last})
+
+    def _uptime_at(self, ticks):
+        """A moment on the board's clock (ticks_ms), as uptime ms: what events carry."""
+        return self.uptime_ms() - self.board.ticks_diff(self.board.ticks_ms(), ticks)
+
+    def _mains_tier(self, dip_ms, last):
+        # A suspicion (dip_ms None) or the dip it ended as, dated from the last mains edge.
+        d = {"last_pulse_ms": self._uptime_at(last)}
+        if dip_ms is None:
+            d["hz"] = self.mains.hz
+            self.emit(protocol.MAINS_SUSPECT, d)
+        else:
+            d["dip_ms"] = dip_ms
+            self.emit(protocol.MAINS_DIP, d)
 
     def _battery_level(self, level, prev):
         kind = {"ok": protocol.BATTERY_OK, "low": protocol.BATTERY_LOW, "critical": protocol.BATTERY_CRITICAL}[level]
@@ -438,6 +459,7 @@ class Sentinel:
                 "safe_mode": self.safe_mode,
                 "mains": present,
                 "board": self.board.name,
+                "mains_path": self.mains.path,
             },
         )
         if not present:

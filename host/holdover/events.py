@@ -85,6 +85,9 @@ _KINDS = (
         doing="every protected training run gets an emergency checkpoint unless mains is back within the grace",
     ),
     Kind(protocol.MAINS_RESTORED, INFO, "mains power back at {sid}", resolves=protocol.MAINS_LOST),
+    # The first word of a possible cut, within 1.5 mains periods: for hooks that prepare, never a phone.
+    Kind(protocol.MAINS_SUSPECT, INFO, "mains edges missing at {sid}", alert=False),
+    Kind(protocol.MAINS_DIP, WARNING, "mains dipped for {dip_ms} ms at {sid}", alert=False),
     # The sentinel's own cell (an 18650 for the ESP32): its power, never the host's deadline ([ups]).
     Kind(
         protocol.BATTERY_LOW,

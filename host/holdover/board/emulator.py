@@ -82,8 +82,10 @@ class Emulator:
         reset_cause: str = "power_on",
         ticks_start: int = 0,
         firmware: Path | None = None,
+        counter: bool = True,
     ) -> None:
         self.config = Path(config)
+        self.counter = counter  # False: a MicroPython without machine.Counter (the IRQ path runs)
         # A board's own files (what `holdover deploy` copied there), found before the emulator's
         # build: the emulated board then runs exactly those, on its own board layer.
         self.firmware = Path(firmware) if firmware else None
@@ -119,6 +121,7 @@ class Emulator:
             cause,
             *(["--serial", f"{self.serial[0]}:{self.serial[1]}"] if self.serial else []),
             *(["--ticks-start", str(self.ticks_start)] if self.ticks_start else []),
+            *([] if self.counter else ["--no-counter", "1"]),
         ]
 
     def run(self) -> int:

@@ -136,9 +136,10 @@ class Gate:
         if retained:
             # Events are never published retained; one that is would replay on every subscribe.
             return self._reject(source, topic, payload, RETAINED_EVENT, f"{kind} seq {body['seq']}", sid=sid)
-        # Heartbeats are telemetry, never kept or sent again by the sentinel: no receipt.
-        receipt = None if kind == protocol.HEARTBEAT else (body["boot"], body["seq"])
-        event, journaled = self.journal.take(source, body, hold=kind != protocol.HEARTBEAT)
+        # Heartbeats and suspicions are never kept or sent again by the sentinel: no receipt.
+        transient = kind in protocol.TRANSIENT_KINDS
+        receipt = None if transient else (body["boot"], body["seq"])
+        event, journaled = self.journal.take(source, body, hold=not transient)
         if not journaled:
             # Held in memory, the journal cannot write: acted on, not receipted, so the sentinel
             # keeps it and sends it again; the held copy makes that a duplicate, not a second action.

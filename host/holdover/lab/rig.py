@@ -49,6 +49,8 @@ class Rig:
         serial: bool = False,
         reset_cause: str = "power_on",
         ticks_start: int = 0,
+        counter: bool = True,
+        world: dict[str, Any] | None = None,
         on_line: Callable[[str], None] | None = None,
         on_seen: Callable[[Seen], None] | None = None,
         web: WebSettings | None = None,
@@ -69,6 +71,8 @@ class Rig:
         self.protect = protect
         self.reset_cause = reset_cause
         self.ticks_start = ticks_start
+        self.counter = counter  # False: the emulated port has no machine.Counter
+        self.world = world or {}  # the emulated world as the board first finds it ({"hz": 60})
         self.firmware_extra = firmware or {}  # sections merged over the defaults below
         self.serial_addr = ("127.0.0.1", free_port()) if serial else None
         self.on_line = on_line or (lambda line: None)
@@ -142,6 +146,10 @@ class Rig:
 
     def start_emulator(self) -> None:
         fw = self.dir / "config.json"
+        if self.world:
+            (self.dir / "board").mkdir(exist_ok=True)
+            world = {"mains": True, "battery_v": 4.1, "wlan": True, **self.world}
+            (self.dir / "board" / "world.json").write_text(json.dumps(world))
         self.emulator = Emulator(
             fw,
             self.control_addr,
@@ -151,6 +159,7 @@ class Rig:
             serial=self.serial_addr,
             reset_cause=self.reset_cause,
             ticks_start=self.ticks_start,
+            counter=self.counter,
         )
         self.emulator.start_thread()
         self.control.connect()
