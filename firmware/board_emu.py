@@ -272,8 +272,8 @@ class Board:
 
     def counter(self, pin, filter_ns):
         """A hardware count of the pin's falling edges (machine.Counter), or None where the port
-        has none. The emulated port has one unless started with --no-counter (as MicroPython
-        before 1.25, which had no machine.Counter)."""
+        has none. The emulated port has one unless started with --no-counter (as a MicroPython
+        build without machine.Counter)."""
         if self._no_counter:
             return None
         self._counter = Counter(self.world, filter_ns)

@@ -121,8 +121,9 @@ class World:
         seen = self.mains_edges(self.now_us())
         while True:
             now = self.now_us()
-            due = self.mains_edges(now) - seen + len(self.ghosts_until(now))
-            seen = self.mains_edges(now)
+            edges = self.mains_edges(now)
+            due = edges - seen + len(self.ghosts_until(now))
+            seen = edges
             if pin.handler is not None:
                 for _ in range(min(due, IRQ_QUEUE)):
                     pin.handler(pin)

@@ -12,8 +12,8 @@
 # takes each edge; on the ESP32 those are soft (run by the VM when it gets round to them), so a
 # stall of the loop hides edges, and a loss is never timed from inside one.
 #
-# The line frequency is learned from the first steady second (50 or 60 Hz, one or two edges a
-# cycle) and sets the pulse period P. Then:
+# The line frequency is learned from each steady second (50 or 60 Hz, one or two edges a cycle)
+# and sets the pulse period P. Then:
 #   suspect  no mains edge for 1.5 P: said at once (a hook may prepare), never acted on;
 #   dip      the suspicion cleared before the debounce: its length, the flicker a user sees;
 #   lost     the suspicion held for the debounce.

@@ -41,6 +41,16 @@ def _saved(tmp: Path, node: int) -> list[Path]:
     return ckpt.candidates(tmp / f"node{node}" / "ckpt" / f"rank{node}")
 
 
+def _resume_bit_for_bit(net: ClusterNet, tmp: Path, job: TorchrunJob, step: int, *args: str) -> None:
+    """The job started again on both nodes: each rank loads `step`, its model and optimizer bit for
+    bit as `job` printed them at that step."""
+    again = TorchrunJob(net, tmp, "--steps", str(step + 2), "--step-sleep", "0", *args)
+    assert again.finish() == [0, 0], [e.read_text()[-1500:] for e in again.errs]
+    for node in (0, 1):
+        first = again.lines[node][0]
+        assert first["resumed"] == step and first["digest"] == job.digest(node, step), first
+
+
 def test_a_cut_saves_one_step_on_both_nodes_each_bridge_verifies_its_rank_and_both_resume_bit_for_bit(
     tmp_path: Path,
 ) -> None:
@@ -65,11 +75,7 @@ def test_a_cut_saves_one_step_on_both_nodes_each_bridge_verifies_its_rank_and_bo
                 _wait(rec, 10, f"node {n}'s record of step {saved} complete on both ranks")
         finally:
             job.kill()
-        again = TorchrunJob(net, tmp_path, "--steps", str(saved + 2), "--step-sleep", "0")
-        assert again.finish() == [0, 0], [e.read_text()[-1500:] for e in again.errs]
-        for node in (0, 1):
-            first = again.lines[node][0]
-            assert first["resumed"] == saved and first["digest"] == job.digest(node, saved), first
+        _resume_bit_for_bit(net, tmp_path, job, saved)
 
 
 def test_link_loss_mid_training_each_rank_saves_alone_and_both_resume_bit_for_bit(tmp_path: Path) -> None:
@@ -111,11 +117,7 @@ def test_link_loss_mid_training_each_rank_saves_alone_and_both_resume_bit_for_bi
         ), line
         net.partition(False)
 
-        again = TorchrunJob(net, tmp_path, "--steps", str(saved + 2), "--step-sleep", "0")
-        assert again.finish() == [0, 0], [e.read_text()[-1500:] for e in again.errs]
-        for node in (0, 1):
-            first = again.lines[node][0]
-            assert first["resumed"] == saved and first["digest"] == job.digest(node, saved), first
+        _resume_bit_for_bit(net, tmp_path, job, saved)
 
 
 def test_a_silent_peer_makes_the_nodes_bridge_ask_its_rank_to_save_without_a_collective(tmp_path: Path) -> None:
@@ -189,8 +191,4 @@ def test_a_rank_killed_during_its_save_leaves_that_step_to_no_one_and_both_resum
         assert jobrec.read(job.ckpt(1)).done[1]["step"] == 3
         assert [ckpt.verify(d).step for d in _saved(tmp_path, 1)] == [3]  # the half-built 6 is no candidate
 
-        again = TorchrunJob(net, tmp_path, "--steps", "4", "--step-sleep", "0", "--width", "4096")
-        assert again.finish() == [0, 0], [e.read_text()[-1500:] for e in again.errs]
-        for node in (0, 1):
-            first = again.lines[node][0]
-            assert first["resumed"] == 3 and first["digest"] == job.digest(node, 3), first
+        _resume_bit_for_bit(net, tmp_path, job, 3, "--width", "4096")
