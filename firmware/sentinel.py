@@ -300,13 +300,12 @@ class Sentinel:
     # --- sensing -------------------------------------------------------------------------
 
     def _mains_changed(self, present, held_ms):
-        # The change happened a debounce ago, at mains.changed_ms; both close enough to diff.
-        ago = self.board.ticks_diff(self.board.ticks_ms(), self.mains.changed_ms)
-        self._mains_since_up = self.uptime_ms() - ago
+        # The change happened a debounce ago, at mains.changed_ms (for a loss: its last edge).
+        self._mains_since_up = self._uptime_at(self.mains.changed_ms)
         if present:
             self.emit(protocol.MAINS_RESTORED, {"outage_ms": held_ms})
         else:
-            last = self._uptime_at(self.mains.changed_ms)
+            last = self._mains_since_up
             self.emit(protocol.MAINS_LOST, {"debounce_ms": self.mains.debounce, "last_pulse_ms": last})
 
     def _uptime_at(self, ticks):
