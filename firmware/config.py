@@ -1,6 +1,7 @@
 # The board's config.json, validated before anything starts, with errors that name the key.
 import json
 
+import keycheck
 import pins
 import protocol
 
@@ -16,7 +17,7 @@ def _sid(v):
 
 
 def _key(v):
-    return protocol.key_problem(v)
+    return keycheck.key_problem(v)
 
 
 def _rng(lo, hi):

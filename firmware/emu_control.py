@@ -23,9 +23,14 @@ COMMANDS = {
     "hz": ((40, 70, "Hz"), "set"),
     "edges_per_cycle": ((1, 2, "edges"), "set"),
     # The VM held up this long (a flash write, a GC pause) while the world goes on; with
-    # cut_in_stall_ms set first, mains goes that far into the stall.
+    # switch_in_stall_ms set first, mains goes (or comes back) that far into the stall.
     "stall_ms": ((1, 2000, "ms"), "stall"),
-    "cut_in_stall_ms": ((0, 2000, "ms"), "set"),
+    "switch_in_stall_ms": ((0, 2000, "ms"), "set"),
+    # A gap of exactly this long in the edge train, timed on the world's own clock (a host's
+    # two commands would add their own jitter to it); mains stays on either side.
+    "dip_ms": ((1, 2000, "ms"), "dip"),
+    # Each edge moved by up to this share of the period, either way: a real line's wander.
+    "jitter_pct": ((0, 10, "percent"), "set"),
     "battery_v": ((0, 30, "a voltage"), "volts"),  # a set voltage also ends a running discharge
     # A discharge runs the battery voltage down at this rate until 0 or a set battery_v.
     "discharge_v_per_s": ((0, 5, "volts"), "volts"),
@@ -99,6 +104,10 @@ def command(board, text):
         return {"ok": True, "reset": True}
     if does == "stall":
         return _stall(board, int(v))
+    if does == "dip":
+        if not board.world.dip(int(v)):
+            return {"ok": False, "error": "dip_ms: mains is off"}
+        return {"ok": True, "dip_ms": v, "uptime_ms": board.app.uptime_ms() if board.app else None}
     if does == "volts":
         if k == "battery_v":
             board.world.set("discharge_v_per_s", 0)
@@ -112,12 +121,12 @@ def command(board, text):
 
 
 def _stall(board, ms):
-    cut = min(int(board.world.get("cut_in_stall_ms") or 0), ms)
+    cut = min(int(board.world.get("switch_in_stall_ms") or 0), ms)
     out = {"ok": True, "stall_ms": ms}
     if cut:
         time.sleep_ms(cut)  # blocking, as the chip's flash write is: no task, no soft IRQ runs
-        board.world.set("cut_in_stall_ms", 0)
-        board.world.set("mains", False)
+        board.world.set("switch_in_stall_ms", 0)
+        board.world.set("mains", not board.world["mains"])
         out["uptime_ms"] = board.app.uptime_ms() if board.app else None
     time.sleep_ms(ms - cut)
     return out

@@ -55,7 +55,7 @@ class World:
     def set(self, key, value):
         if key == "mains":
             self._mains_edit(value)
-        elif key in ("hz", "edges_per_cycle") and self._on_since is not None:
+        elif key in ("hz", "edges_per_cycle", "jitter_pct") and self._on_since is not None:
             self._mains_edit(False)  # the edges so far at the old period, the rest at the new
             self.state[key] = value
             self._mains_edit(True)
@@ -87,9 +87,38 @@ class World:
             self._edges_done += self._edges_in(self._on_since, now)
             self._on_since = None
 
-    def _edges_in(self, a, b):
+    def dip(self, ms):
+        """A gap in the edge train from now for exactly `ms` (mains stays on either side)."""
+        now = self.now_us()
+        if self._on_since is None:
+            return False
+        self._edges_done += self._edges_in(self._on_since, now)
+        self._on_since = now + ms * 1000  # an interval that starts in the future holds no edges yet
+        return True
+
+    def jitter_us(self):
+        return self.period_us() * (self.state.get("jitter_pct") or 0) // 100
+
+    def _upto(self, t):
+        # Edges at or before t. Edge k falls at k*p, moved by up to jitter_pct of p either way
+        # (its own fixed offset, from k): with under half a period of jitter the order holds, so
+        # only the edges either side of t//p can be on the other side of t.
         p = self.period_us()
-        return max(0, b // p - (a + p - 1) // p + 1)
+        span = self.jitter_us()
+        k = t // p
+        if span:
+
+            def at(i):
+                return i * p + span * (((i * 2654435761) >> 7) % 2001 - 1000) // 1000
+
+            if at(k) > t:
+                k -= 1
+            elif at(k + 1) <= t:
+                k += 1
+        return k + 1
+
+    def _edges_in(self, a, b):
+        return max(0, self._upto(b) - self._upto(a - 1))
 
     def mains_edges(self, now):
         """Every mains edge on the pin since the world began, up to `now` (world µs)."""
@@ -127,8 +156,10 @@ class World:
             if pin.handler is not None:
                 for _ in range(min(due, IRQ_QUEUE)):
                     pin.handler(pin)
+            # Wake just after the next edge can have fallen: its slot on the grid plus the jitter.
             p = self.period_us()
-            await asyncio.sleep_ms(max(1, (p - now % p) // 1000))
+            j = self.jitter_us()
+            await asyncio.sleep_ms(max(1, (p - (now - j) % p) // 1000))
 
     async def discharge(self):
         step_ms = 100

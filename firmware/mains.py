@@ -82,7 +82,7 @@ class MainsWatch:
         # Runs as a (soft) interrupt: no allocation beyond a small int.
         self._edges_at(self.board.ticks_ms(), 1)
 
-    def _edges_at(self, t, n, spread=False):
+    def _edges_at(self, t, n, spread=False, first=None):
         c = self._cadence_at
         if c is None or self.board.ticks_diff(t, c) >= _CADENCE_MS:
             self._cadence_at = t
@@ -94,27 +94,34 @@ class MainsWatch:
                 self._run += n
         else:
             self._run = n
-            self._run_start = t
+            self._run_start = t if first is None else first
         self._prev = t
         if self._run >= self.k:
             self._mains_edge = t
 
-    def _read_counter(self, now, late):
+    def _read_counter(self, now, last=None):
+        # last: when the counter was read before, if the loop was held up since
         c = self.counter.value()
         n = c - self._count
         if n <= 0:
             return
         self._count = c
         t = now
+        first = None
         e = self._mains_edge
-        if late and e is not None and self.period:
-            # The counter went on through the stall; the edges came a period apart from the last
-            # one seen, so the newest of them is that many periods on (a cut inside the stall
-            # is timed from it, not from when the loop woke).
-            t = self.board.ticks_add(e, n * self.period)
-            if self.board.ticks_diff(now, t) < 0:
+        p = self.period
+        if last is not None and p:
+            # The counter went on through the stall and the edges came a period apart: from the
+            # last one seen, the newest is that many periods on (a cut inside the stall is timed
+            # from it, not from when the loop woke). If that falls before the last read, they are
+            # mains coming back inside the stall: the first of them came n - 1 periods before now.
+            t = now if e is None else self.board.ticks_add(e, n * p)
+            if self.board.ticks_diff(now, t) < 0 or self.board.ticks_diff(t, last) <= 0:
                 t = now
-        self._edges_at(t, n, late)
+                first = self.board.ticks_add(now, -(n - 1) * p)
+                if self.board.ticks_diff(first, last) < 0:
+                    first = last
+        self._edges_at(t, n, last is not None, first)
 
     def raw(self, now):
         if self.level:
@@ -136,7 +143,7 @@ class MainsWatch:
             now = self.board.ticks_ms()
             self.alive_ms = now
             if self.counter is not None:
-                self._read_counter(now, False)
+                self._read_counter(now)
             if self.raw(now) or self.board.ticks_diff(now, start) >= wait:
                 break
         self.present = self.raw(now)
@@ -145,7 +152,8 @@ class MainsWatch:
 
     def poll(self, now):
         """One sample; returns True when the debounced state flipped."""
-        since = self.board.ticks_diff(now, self.alive_ms)
+        last = self.alive_ms
+        since = self.board.ticks_diff(now, last)
         late = since > self.gap + self.sample
         if late:
             self.stalls += 1
@@ -159,7 +167,7 @@ class MainsWatch:
                     self._cand = None  # a loss in progress starts again; a restore goes on
         self.alive_ms = now
         if self.counter is not None:
-            self._read_counter(now, late)
+            self._read_counter(now, last if late else None)
         r = self.raw(now)
         # The tiers: learn the line while steady; a suspicion when the edges stop (not when a
         # stall hid them from the IRQs); a dip when they come back before the debounce.
@@ -209,6 +217,8 @@ class MainsWatch:
                 # Timed from the last mains edge, but never from before a stall the IRQs missed.
                 r0 = self._resume_ms
                 self._cand = r0 if r0 is not None and self.board.ticks_diff(r0, e) > 0 else e
+            elif r and not self.level and self._run_start is not None:
+                self._cand = self._run_start  # back from the first edge of the run that came back
             else:
                 self._cand = now
         if self.board.ticks_diff(now, self._cand) < self.debounce:

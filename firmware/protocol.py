@@ -2,7 +2,7 @@
 #
 # This file is imported unchanged by the firmware (MicroPython on the ESP32 and the unix
 # port) and by the host (CPython, as holdover.firmware.protocol). It may only use what both
-# interpreters have: json, hashlib.sha256, binascii, math. MicroPython has no hmac module, so
+# interpreters have: json, hashlib.sha256, binascii. MicroPython has no hmac module, so
 # HMAC-SHA256 (RFC 2104) is written out here and checked against RFC 4231 vectors on both.
 #
 # Envelope, byte for byte:   {"sig":"<64 hex>","body":<body JSON>}
@@ -13,7 +13,6 @@
 import binascii
 import hashlib
 import json
-import math
 
 VERSION = 1
 ROOT = "holdover"
@@ -130,57 +129,6 @@ class ProtocolError(ValueError):
         super().__init__(reason + ": " + detail)
         self.reason = reason
         self.detail = detail
-
-
-KEY_MIN = 16  # characters; `holdover keygen` makes 64 hex characters (32 random bytes)
-KEY_MIN_BITS = 36  # estimated from the key's own characters; random hex of 16 scores about 53
-# Words that mark a key copied from an example rather than made.
-_PLACEHOLDERS = (
-    "change",
-    "replace",
-    "placeholder",
-    "example",
-    "your",
-    "secret",
-    "password",
-    "xxxx",
-    "todo",
-    "keygen",
-    "<",
-    "...",
-)
-
-
-def key_problem(key):
-    """Why a sentinel key must not be used (short, a placeholder, predictable), or None.
-
-    Shared by the board's config check and the bridge's, so both refuse the same keys."""
-    if not isinstance(key, str):
-        return "must be a string"
-    n = len(key)
-    if n < KEY_MIN:
-        return "must be at least %d characters (make one: holdover keygen SENTINEL)" % KEY_MIN
-    low = key.lower()
-    for word in _PLACEHOLDERS:
-        if word in low:
-            return "looks like a placeholder ('%s'); make a key: holdover keygen SENTINEL" % word
-    counts = {}
-    for c in key:
-        counts[c] = counts.get(c, 0) + 1
-    bits = 0.0
-    for k in counts.values():
-        bits -= k * math.log(k / n)
-    bits /= math.log(2)
-    # Runs (abcd, 4321) and repeats (aaaa, by the bits) are what people type when asked for random.
-    steps = 0
-    for i in range(1, n):
-        if ord(key[i]) - ord(key[i - 1]) in (-1, 1):
-            steps += 1
-    if bits < KEY_MIN_BITS:
-        return "too predictable (about %d bits in its characters); make a key: holdover keygen SENTINEL" % bits
-    if 2 * steps >= n:
-        return "too predictable (runs of consecutive characters); make a key: holdover keygen SENTINEL"
-    return None
 
 
 def valid_sid(sid):

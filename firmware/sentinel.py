@@ -494,6 +494,7 @@ class Sentinel:
 
 
 def run(board):
+    loaded = set(sys.modules)
     import config
 
     try:
@@ -502,8 +503,10 @@ def run(board):
         board.console("# config error: %s" % e)
         board.halt("config error: %s" % e)
         return
-    # The validator's tables are needed once; the heap is not (the local name holds it too).
-    del sys.modules["config"]
+    # The validator, its tables and what only it imports (the chips' pin maps, the key rule) are
+    # needed once; the heap is not (the local name holds config too).
+    for name in set(sys.modules) - loaded:
+        del sys.modules[name]
     del config
     gc.collect()
     board.configure(cfg)

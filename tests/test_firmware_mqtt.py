@@ -160,7 +160,9 @@ def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
     # burst and a reconnect, beside WiFi's own buffers, which live outside this heap. The emulated
     # world and its control port are not on a chip (board_emu itself stays counted, standing in
     # for board_esp32); what they hold is measured at their import.
-    assert 0 < mem["emu_only"] < 16 * 1024, mem
+    # A bound on what is taken off as the emulator's own, so firmware can never hide in it: the
+    # world (edges, ghosts, jitter, timed dips, the WLAN) and its control port, about 16 KB.
+    assert 0 < mem["emu_only"] < 20 * 1024, mem
     chip_live_kb = (mem["hwm"] - mem["emu_only"]) / HEAP_RATIO_64_TO_32 / 1024
     assert CHIP_HEAP_KB - chip_live_kb > 30, (chip_live_kb, mem)
 

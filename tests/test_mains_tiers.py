@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from holdover.board.emulator import EmulatorError
 from support import wait_for
 
 DEBOUNCE_MS = 300
@@ -101,13 +102,55 @@ def test_the_counter_counts_through_a_stall_and_times_a_cut_inside_one(rig_facto
     # Mains goes 20 ms into an 80 ms stall: timed from the last edge the counter took, not from
     # when the loop woke.
     t0 = time.monotonic()
-    rig.control.send(cut_in_stall_ms=20)
+    rig.control.send(switch_in_stall_ms=20)
     cut = rig.control.send(stall_ms=80)["uptime_ms"]
     suspect = rig.wait("mains_suspect", 5, t0)
     last = suspect.info["data"]["last_pulse_ms"]
     assert cut - 10 - COUNT_MS <= last <= cut + COUNT_MS, (last, cut)
     lost = rig.wait("mains_lost", 5, t0)
     assert lost.info["data"]["last_pulse_ms"] == last
+
+
+def test_mains_back_inside_a_stall_is_dated_from_the_count_not_the_wake(rig_factory) -> None:
+    """An outage that ends 20 ms into a 300 ms stall (a host starved of CPU, a long flash write):
+    the counter took the edges since; the first came that many periods before the loop woke."""
+    rig = rig_factory(debounce_ms=DEBOUNCE_MS)
+    rig.wait("boot", 15)
+    _steady(rig, 50)
+    t0 = time.monotonic()
+    cut = rig.control.send(mains=False)["uptime_ms"]
+    rig.wait("mains_lost", 5, t0)
+    time.sleep(0.5)
+    glitches = _state(rig)["glitches"]
+    t1 = time.monotonic()
+    rig.control.send(switch_in_stall_ms=20)
+    back = rig.control.send(stall_ms=300)["uptime_ms"]
+    restored = rig.wait("mains_restored", 5, t1)
+    # From the last edge before the cut (up to a period before it) to the first one back (up to a
+    # period after the return, dated up to a period late: the newest edge is somewhere in the
+    # period before the read). Dated from the wake it would be 280 ms long.
+    late = restored.info["data"]["outage_ms"] - (back - cut)
+    assert -COUNT_MS - 2 <= late <= 3 * 10 + 2, (restored.info, back - cut)
+    assert _state(rig)["glitches"] == glitches  # the return was never taken back
+    assert rig.count("mains_dip") == 0
+
+
+def test_a_timed_gap_in_a_jittered_line_is_a_dip_of_its_length(rig_factory) -> None:
+    """Gaps timed on the emulated world's own clock (no host jitter in their length), on a line
+    whose edges wander by 1 %: each is a dip within a period of its length, and nothing else."""
+    rig = rig_factory(debounce_ms=DEBOUNCE_MS, world={"hz": 60, "jitter_pct": 1, "ghost_hz": 20, "ghost_us": 50})
+    rig.wait("boot", 15)
+    _steady(rig, 60)
+    for ms in (20, 80, 150):
+        t0 = time.monotonic()
+        rig.control.send(dip_ms=ms)
+        dip = rig.wait("mains_dip", 5, t0)
+        assert abs(dip.info["data"]["dip_ms"] - ms) <= 1000 / 120 + COUNT_MS + 1, (ms, dip.info["data"])
+        time.sleep(0.3)
+    assert rig.count("mains_lost") == 0 and rig.count("mains_suspect") == 3
+    rig.control.send(mains=False)
+    with pytest.raises(EmulatorError, match="dip_ms: mains is off"):
+        rig.control.send(dip_ms=20)
 
 
 def test_the_bridge_journals_a_suspicion_and_a_dip_runs_their_hooks_and_alerts_neither(

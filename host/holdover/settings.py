@@ -28,7 +28,7 @@ from pydantic import (
 
 from holdover import events
 from holdover.errors import USAGE, HoldoverError
-from holdover.firmware import protocol
+from holdover.firmware import keycheck, protocol
 
 
 class ConfigError(HoldoverError, ValueError):
@@ -133,7 +133,7 @@ class SentinelSettings(_Strict):
             self.key = _secret(self.key_file, "key_file")
         if not self.key:
             raise ValueError(f"key: set key or key_file (make one: holdover keygen {self.id})")
-        problem = protocol.key_problem(self.key)
+        problem = keycheck.key_problem(self.key)
         if problem:
             raise ValueError(f"{'key_file ' + str(self.key_file) if self.key_file else 'key'}: {problem}")
         return self

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from holdover.firmware import pins, protocol
+from holdover.firmware import keycheck, pins, protocol
 
 # The firmware imports its siblings by their bare names, as MicroPython's flat path has them.
 sys.modules.setdefault("protocol", protocol)
 sys.modules.setdefault("pins", pins)
+sys.modules.setdefault("keycheck", keycheck)
 from holdover.firmware import config as board_config  # noqa: E402
 
 

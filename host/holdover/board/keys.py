@@ -7,7 +7,7 @@ from pathlib import Path
 
 from holdover.errors import HoldoverError
 from holdover.files import write_private
-from holdover.firmware import protocol
+from holdover.firmware import keycheck, protocol
 
 KEY_BYTES = 32  # HMAC-SHA256's block is 64 bytes; 32 random ones are its full strength
 
@@ -18,7 +18,7 @@ class KeyFileError(HoldoverError, OSError):
 
 def generate() -> str:
     key = secrets.token_hex(KEY_BYTES)
-    assert protocol.key_problem(key) is None
+    assert keycheck.key_problem(key) is None
     return key
 
 
