@@ -322,6 +322,9 @@ class Board:
         if not self._wlan.isconnected():
             raise OSError(EHOSTUNREACH)
         r, _w = await asyncio.open_connection(host, port)
+        # As board_esp32 does (why: there); Linux's IPPROTO_TCP and TCP_NODELAY, which the unix
+        # port's socket module does not name.
+        _w.s.setsockopt(6, 1, 1)
         link = _Link(self, r)
         self._links.append(link)
         return link, link

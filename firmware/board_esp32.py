@@ -5,6 +5,7 @@
 # in docs/hardware-testing.md.
 import asyncio
 import json
+import socket
 import sys
 import time
 
@@ -143,7 +144,13 @@ class Board:
         return self._wlan  # driven by wifi.WifiKeeper, above the board layer
 
     async def open_connection(self, host, port):
-        return await asyncio.open_connection(host, port)
+        r, w = await asyncio.open_connection(host, port)
+        # An event is a few hundred bytes sent alone the moment it happens: with Nagle's algorithm
+        # (on by default in lwIP) it waits for the broker's ACK of the last segment, a delayed ACK
+        # later (a 20 ms tail on mains_suspect in the emulator). The port's setsockopt takes
+        # TCP_NODELAY at IPPROTO_TCP (ports/esp32/modsocket.c).
+        w.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return r, w
 
     # --- the USB serial port: UART0 through the devkit's USB bridge, shared with the REPL ---
 

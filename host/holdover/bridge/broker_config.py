@@ -73,11 +73,19 @@ def auth(directory: Path) -> str:
     return f"allow_anonymous false\npassword_file {directory / 'passwd'}\nacl_file {directory / 'acl'}\n"
 
 
+# Events are a few hundred bytes, each sent on its own the moment it happens: with Nagle's algorithm
+# on, the broker holds one for the bridge until its last segment is acknowledged, a delayed ACK
+# (measured here: a 20 ms tail on mains_suspect, bench/alert_latency.py).
+NODELAY = "set_tcp_nodelay true\n"
+
+
 def conf(directory: Path, listen: str, port: int, persistence: Path) -> str:
     return (
         "# Written by `holdover broker-config`: run with `mosquitto -c` this file.\n"
         "# A LAN broker: the sentinels reach it while the internet uplink is down.\n"
         f"listener {port} {listen}\n"
+        "# Each event on its way at once, not held for the last segment's ACK (Nagle's algorithm).\n"
+        + NODELAY
         + auth(directory)
         + "# Keep sessions and queued messages across a restart of the broker.\n"
         "persistence true\n"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from holdover import proc
+from holdover.bridge.broker_config import NODELAY
 from holdover.errors import HoldoverError
 
 INSTALL_HINT = "Mosquitto is not installed: run `apt-get install mosquitto` (as root)."
@@ -63,6 +64,7 @@ class Broker:
         self.log = self.dir / "mosquitto.log"
         lines = [
             f"listener {self.port} {self.host}\n",
+            NODELAY,  # as `holdover broker-config` writes it for a site
             auth or "allow_anonymous true\n",
             f"persistence true\npersistence_location {self.dir}/\n",
             "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n",
