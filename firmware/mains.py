@@ -67,6 +67,7 @@ class MainsWatch:
         self.dips = 0
         self.hz = None  # 50, 60; 0 when the rate fits neither; None before a steady second
         self.period = None  # ms between mains edges, once learned
+        self.period_us = 0
         self._learn_at = None  # when the steady stretch being measured began
         self._learn_n = 0  # self.cadence then
         self._suspect = None  # ticks of the last mains edge, while a suspicion stands
@@ -82,14 +83,16 @@ class MainsWatch:
         # Runs as a (soft) interrupt: no allocation beyond a small int.
         self._edges_at(self.board.ticks_ms(), 1)
 
-    def _edges_at(self, t, n, spread=False, first=None):
+    def _edges_at(self, t, n, spread=False, first=None, since=None):
+        # since: the earliest these edges can have come (the counter's previous read); the run
+        # breaks only on a gap they certainly left, or a poll a few ms late would break it
         c = self._cadence_at
         if c is None or self.board.ticks_diff(t, c) >= _CADENCE_MS:
             self._cadence_at = t
             # n edges read at once are one unless they were spread over a stall
             self.cadence += n if spread else 1
         p = self._prev
-        if p is not None and self.board.ticks_diff(t, p) < self.gap:
+        if p is not None and self.board.ticks_diff(t if since is None else since, p) < self.gap:
             if self._run < self.k:
                 self._run += n
         else:
@@ -99,8 +102,8 @@ class MainsWatch:
         if self._run >= self.k:
             self._mains_edge = t
 
-    def _read_counter(self, now, last=None):
-        # last: when the counter was read before, if the loop was held up since
+    def _read_counter(self, now, last, late=False):
+        # last: when the counter was read before; late: the loop was held up since
         c = self.counter.value()
         n = c - self._count
         if n <= 0:
@@ -108,20 +111,25 @@ class MainsWatch:
         self._count = c
         t = now
         first = None
-        e = self._mains_edge
         p = self.period
-        if last is not None and p:
-            # The counter went on through the stall and the edges came a period apart: from the
-            # last one seen, the newest is that many periods on (a cut inside the stall is timed
-            # from it, not from when the loop woke). If that falls before the last read, they are
-            # mains coming back inside the stall: the first of them came n - 1 periods before now.
-            t = now if e is None else self.board.ticks_add(e, n * p)
-            if self.board.ticks_diff(now, t) < 0 or self.board.ticks_diff(t, last) <= 0:
-                t = now
+        if late and p:
+            if self._suspect is not None or not self.present:
+                # Mains coming back inside the stall: the first of these edges came n - 1 periods
+                # before now (the newest is within a period of now), never before the last read.
                 first = self.board.ticks_add(now, -(n - 1) * p)
                 if self.board.ticks_diff(first, last) < 0:
                     first = last
-        self._edges_at(t, n, last is not None, first)
+            else:
+                # The counter went on through the stall and the edges came a period apart: from
+                # the last one seen, the newest is that many periods on. If that is a gap before
+                # now, mains went inside the stall and is timed from it, not from the wake;
+                # otherwise the train went on and its newest edge is about now (dated so, as an
+                # estimate kept would carry its error into the next one).
+                e = self._mains_edge
+                est = now if e is None else self.board.ticks_add(e, n * self.period_us // 1000)
+                if self.board.ticks_diff(now, est) >= self.gap and self.board.ticks_diff(est, last) > 0:
+                    t = est
+        self._edges_at(t, n, late, first, last)
 
     def raw(self, now):
         if self.level:
@@ -141,9 +149,9 @@ class MainsWatch:
         while True:
             await asyncio.sleep_ms(self.sample)
             now = self.board.ticks_ms()
-            self.alive_ms = now
             if self.counter is not None:
-                self._read_counter(now)
+                self._read_counter(now, self.alive_ms)
+            self.alive_ms = now
             if self.raw(now) or self.board.ticks_diff(now, start) >= wait:
                 break
         self.present = self.raw(now)
@@ -167,7 +175,7 @@ class MainsWatch:
                     self._cand = None  # a loss in progress starts again; a restore goes on
         self.alive_ms = now
         if self.counter is not None:
-            self._read_counter(now, last if late else None)
+            self._read_counter(now, last, late)
         r = self.raw(now)
         # The tiers: learn the line while steady; a suspicion when the edges stop (not when a
         # stall hid them from the IRQs); a dip when they come back before the debounce.
@@ -183,6 +191,7 @@ class MainsWatch:
                     for edges, hz in RATES:
                         if abs(rate - edges) * 20 <= edges:
                             self.hz = hz
+                            self.period_us = 1000000 // edges  # 8333 at 60 Hz: 8 ms x 30 would be 10 ms out
                             p = self.period = 1000 // edges
                             # 1.5 periods, never under a period and a sample (the counter is read
                             # that late at most); soft IRQs lag by whatever holds the VM, so that
