@@ -95,6 +95,10 @@ class MainsWatch:
         if p is not None and self.board.ticks_diff(t if since is None else since, p) < self.gap:
             if self._run < self.k:
                 self._run += n
+                if self._run >= self.k and since is not None and self.board.ticks_diff(t, self._run_start) >= self.gap:
+                    # In cadence only by the lenient test: the run's first edge (a ghost inside a
+                    # dip) may not be mains; these edges are, and came after the previous read.
+                    self._run_start = since
         else:
             self._run = n
             self._run_start = t if first is None else first
