@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import tomli_w
 
 from holdover.journal import Journal
 from holdover.lab import nut
-from holdover.lab.broker import Broker, free_port
+from holdover.lab.broker import Broker
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.train import registry
 from support import HOLDOVER
@@ -134,12 +135,17 @@ def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
 def test_a_node_that_would_lose_its_run_fails_each_check_with_the_fix(tmp_path: Path) -> None:
     _tree(tmp_path / "root", good=False)
     _journal(tmp_path / "journal.db", good=False)
-    with NetLab() as lab:
+    # A port held bound but never listened on refuses every connection: a port merely found free
+    # can be taken meanwhile by another test's broker (which then answers "Not authorized").
+    with NetLab() as lab, socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
         lab.serve(PORT)
         lab.silence(BACKUP)
         child = _run(tmp_path, in_tmux=False, nbytes=10**18, seconds=900)
         try:
-            rc, checks = _doctor(tmp_path, lab, free_port(), hook="/usr/local/bin/no-such-hook --now", keep_days=0)
+            rc, checks = _doctor(
+                tmp_path, lab, closed.getsockname()[1], hook="/usr/local/bin/no-such-hook --now", keep_days=0
+            )
         finally:
             assert child is not None
             child.kill()
