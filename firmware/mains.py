@@ -66,8 +66,7 @@ class MainsWatch:
         self.glitches = 0
         self.dips = 0
         self.hz = None  # 50, 60; 0 when the rate fits neither; None before a steady second
-        self.period = None  # ms between mains edges, once learned
-        self.period_us = 0
+        self.period_us = 0  # between mains edges, once learned: ms would put 60 Hz 0.33 ms a period out
         self._learn_at = None  # when the steady stretch being measured began
         self._learn_n = 0  # self.cadence then
         self._suspect = None  # ticks of the last mains edge, while a suspicion stands
@@ -115,12 +114,12 @@ class MainsWatch:
         self._count = c
         t = now
         first = None
-        p = self.period
+        p = self.period_us
         if late and p:
             if self._suspect is not None or not self.present:
                 # Mains coming back inside the stall: the first of these edges came n - 1 periods
                 # before now (the newest is within a period of now), never before the last read.
-                first = self.board.ticks_add(now, -(n - 1) * p)
+                first = self.board.ticks_add(now, -((n - 1) * p // 1000))
                 if self.board.ticks_diff(first, last) < 0:
                     first = last
             else:
@@ -130,7 +129,7 @@ class MainsWatch:
                 # otherwise the train went on and its newest edge is about now (dated so, as an
                 # estimate kept would carry its error into the next one).
                 e = self._mains_edge
-                est = now if e is None else self.board.ticks_add(e, n * self.period_us // 1000)
+                est = now if e is None else self.board.ticks_add(e, n * p // 1000)
                 if self.board.ticks_diff(now, est) >= self.gap and self.board.ticks_diff(est, last) > 0:
                     t = est
         self._edges_at(t, n, late, first, last)
@@ -195,8 +194,8 @@ class MainsWatch:
                     for edges, hz in RATES:
                         if abs(rate - edges) * 20 <= edges:
                             self.hz = hz
-                            self.period_us = 1000000 // edges  # 8333 at 60 Hz: 8 ms x 30 would be 10 ms out
-                            p = self.period = 1000 // edges
+                            self.period_us = 1000000 // edges
+                            p = self.period_us // 1000
                             # 1.5 periods, never under a period and a sample (the counter is read
                             # that late at most); soft IRQs lag by whatever holds the VM, so that
                             # path keeps the configured gap if it is longer.
@@ -213,7 +212,7 @@ class MainsWatch:
             # Back before the debounce: the edges missing between the last one and the first of
             # the run that came back, less the period an edge would have come anyway.
             back = now if self.level or self._run_start is None else self._run_start
-            dip = self.board.ticks_diff(back, self._suspect) - (self.period or 0)
+            dip = self.board.ticks_diff(back, self._suspect) - self.period_us // 1000
             last = self._suspect
             self._suspect = None
             self.dips += 1
