@@ -20,14 +20,14 @@ from holdover.train import job
 pytest.importorskip("torch")
 
 
-def _run(tmp: Path, steps: int, save_at: str = "") -> dict[int, list[dict]]:
+def _run(tmp: Path, steps: int, save_at: str = "", *more: str) -> dict[int, list[dict]]:
     """Both ranks to the end; each rank's JSON lines."""
     port = free_port()
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         argv = [sys.executable, "-m", "holdover.lab.ddp_trainee", "--ckpt", str(tmp / "ckpt"), "--registry"]
-        argv += [str(tmp / f"reg{rank}"), "--steps", str(steps), "--step-sleep", "0", "--save-at", save_at]
+        argv += [str(tmp / f"reg{rank}"), "--steps", str(steps), "--step-sleep", "0", "--save-at", save_at, *more]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = {}
     for rank, p in enumerate(procs):
@@ -95,3 +95,36 @@ def test_a_step_damaged_on_one_rank_makes_both_fall_back_together(tmp_path: Path
     for p in procs:
         _out, err = p.communicate(timeout=120)
         assert p.returncode != 0 and "all damaged" in err, err[-1500:]
+
+
+def _saved(tmp: Path, rank: int) -> list[str]:
+    return sorted(p.name for p in (tmp / "ckpt" / f"rank{rank}").glob("step_*"))
+
+
+def test_one_cut_asked_of_each_rank_a_step_apart_is_one_save(tmp_path: Path) -> None:
+    """With a bridge on every node, one cut reaches rank 0 at step 3 and rank 1 a step later: the
+    save the ranks agreed on for rank 0's request answers rank 1's too, rather than both saving
+    again (join_window_s). With no window, the second request is a second save on both ranks."""
+    out = _run(tmp_path / "a", 8, "3@0,4@1")
+    for rank in (0, 1):
+        assert _saved(tmp_path / "a", rank) == ["step_000000003"]
+        (asked,) = out[rank][-1]["requests"]
+        assert asked["state"] == "done" and asked["step"] == 3, asked
+        assert asked["joined"] is (True if rank == 1 else None), asked
+    assert job.read(tmp_path / "a" / "ckpt").complete["step"] == 3
+
+    out = _run(tmp_path / "b", 8, "3@0,4@1", "--join-window", "0")
+    for rank in (0, 1):
+        assert _saved(tmp_path / "b", rank) == ["step_000000003", "step_000000004"]
+    assert out[1][-1]["requests"][0]["step"] == 4
+
+
+def test_a_request_to_stop_after_the_save_stops_every_rank_at_that_step(tmp_path: Path) -> None:
+    """Only rank 0's bridge has asked yet, with after=exit: both ranks save step 3 and both stop
+    there (a rank going on alone would wait in its next collective for one that left)."""
+    out = _run(tmp_path, 8, "3@0:exit,4@1:exit")
+    for rank in (0, 1):
+        assert max(x.get("step", 0) for x in out[rank]) == 3, out[rank]
+        assert _saved(tmp_path, rank) == ["step_000000003"]
+    assert out[0][-1]["requests"][0]["state"] == "done"
+    assert out[1][-1]["requests"] == []  # rank 1 stopped before its step 4 came

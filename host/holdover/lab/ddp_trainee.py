@@ -35,15 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="train")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--step-sleep", type=float, default=0.05)
-    ap.add_argument("--save-at", default="", help="steps to save at, as if asked (3,6)")
+    ap.add_argument(
+        "--save-at",
+        default="",
+        help="steps to ask a save at, as a bridge would: 3,6 on every rank; 3@0 on rank 0 only; 3:exit to stop after",
+    )
+    ap.add_argument("--join-window", type=float, default=5.0, help="the Guard's join_window_s")
     ap.add_argument("--stall-save", type=float, default=None, help="the Guard's stall_save_s (0: off)")
     ap.add_argument("--save-every", type=int, default=0, help="a periodic save every N steps")
     ap.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's collective timeout, s")
     ap.add_argument("--width", type=int, default=64, help="the model's width (its state: 12 x width^2 bytes)")
     args = ap.parse_args(argv)
-    save_at = {int(x) for x in args.save_at.split(",") if x}
-
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+    save_at = _asks(args.save_at, rank)
     world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
     if "TORCHELASTIC_RUN_ID" in os.environ:
         init = "env://"  # torchrun's agent on the master node already serves the store on that port
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         registry_dir=args.registry,
         stall_save_s=args.stall_save,
         interval=args.save_every or None,
+        join_window_s=args.join_window,
     )
     first = guard.resume() + 1
     print(json.dumps({"rank": rank, "resumed": first - 1, "digest": _digest(model, opt)}), flush=True)
@@ -80,18 +85,31 @@ def main(argv: list[str] | None = None) -> int:
             line = {"rank": rank, "step": step, "loss": round(loss.item(), 5), "digest": _digest(model, opt)}
             print(json.dumps(line), flush=True)
             if step in save_at:
-                guard.request("manual")
+                guard.request("manual", after=save_at[step])
             if guard.step_end(step, loss=loss.item()):
                 break
             time.sleep(args.step_sleep)
     finally:
         guard.close()
+        asked = [{k: r.get(k) for k in ("state", "step", "after", "joined")} for r in guard.requests().values()]
+        print(json.dumps({"rank": rank, "requests": asked}), flush=True)
         # Seen once in a suite run: a rank that tore its process group down while the other was
         # still in its last collective died of SIGABRT in gloo; leave together.
         with contextlib.suppress(RuntimeError):
             dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def _asks(spec: str, rank: int) -> dict[int, str]:
+    """--save-at for this rank: {step: what the run does after the save}."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        at, _, after = item.partition(":")
+        step, _, only = at.partition("@")
+        if not only or int(only) == rank:
+            out[int(step)] = after or "continue"
+    return out
 
 
 def _digest(model, opt) -> str:

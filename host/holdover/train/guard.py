@@ -73,6 +73,7 @@ class Guard:
         drift_check_steps: int = 20,
         stall_save_s: float | None = None,
         boundary_wait_s: float = 2.0,
+        join_window_s: float = 5.0,
         log: Log = _stderr,
     ) -> None:
         self.name = name or os.environ.get("HOLDOVER_RUN_NAME") or Path(sys.argv[0] or "train").stem or "train"
@@ -129,6 +130,11 @@ class Guard:
             stall_save_s = float(os.environ.get("HOLDOVER_STALL_SAVE_S", 60.0 if self.world > 1 else 0.0))
         self.stall_save_s = stall_save_s
         self.boundary_wait_s = boundary_wait_s
+        # With a bridge on every node, one cut reaches the ranks as several requests some ms
+        # apart: one that reaches this rank this soon after an emergency save the ranks agreed on
+        # for another rank's request is the same cut, answered by that save (one save per cut).
+        self.join_window_s = join_window_s
+        self._agreed: tuple[int, float] | None = None  # (step, wall time) of such a save
         self.reg = registry.Registration(
             name=self.name,
             pid=os.getpid(),
@@ -178,6 +184,9 @@ class Guard:
         # Let the bridge hear how its requests ended before the process goes (after="exit").
         end = time.monotonic() + 2.0
         with self._cv:
+            queued = list(self._queue)
+        self._join(queued, stopping=True)  # the run stopped with its peers right after the save they answer
+        with self._cv:
             open_reqs = [r for r in self._requests.values() if r["state"] not in registry.STATES_FINAL]
         for r in open_reqs:
             self._update([r["id"]], state="failed", error="the run stopped before saving")
@@ -225,6 +234,11 @@ class Guard:
                 self._cv.notify_all()
         return rid
 
+    def requests(self) -> dict[str, dict[str, Any]]:
+        """Every request this run was asked, as it stands (what the bridge's `status` op reads)."""
+        with self._cv:
+            return {k: dict(v) for k, v in self._requests.items()}
+
     def _update(self, rids: list[str], **fields: Any) -> None:
         with self._cv:
             for rid in rids:
@@ -235,8 +249,7 @@ class Guard:
         """One request from the bridge (registry.RunServer parsed it)."""
         op = msg["op"]
         if op == "status":
-            with self._cv:
-                reqs = {k: dict(v) for k, v in self._requests.items()}
+            reqs = self.requests()
             conn.sendall(registry.encode({"registration": json.loads(self.reg.to_json()), "requests": reqs}))
         elif op in ("save", "watch"):
             rid = str(msg.get("id") or uuid.uuid4().hex[:12])
@@ -293,16 +306,46 @@ class Guard:
         self._steps_since_resume += 1
         with self._cv:
             pending = list(self._queue) if self._queue else []
+        pending = self._join(pending)
         emergency = bool(pending) or self._signalled
         periodic = bool(self.interval and self.interval.due(step))
-        decision = _agree(2 if emergency else 1 if periodic else 0, self.world)
+        leave = any(self._requests[r].get("after") == "exit" for r in pending)
+        vote = _EXIT if emergency and leave else _EMERGENCY if emergency else _PERIODIC if periodic else 0
+        decision = _agree(vote, self.world)
         if decision:
+            if decision >= _EMERGENCY and not emergency:
+                self._agreed = (step, time.time())
             with self._lock:
-                self._take(step, extra, pending, "emergency" if decision == 2 else "periodic")
+                self._take(step, extra, pending, "emergency" if decision >= _EMERGENCY else "periodic")
             if self.world > 1:
                 self._complete(step)
+            if decision == _EXIT:
+                # One rank's bridge asked the run to stop after saving: every rank stops at this
+                # step, or the ones going on would wait in the next collective for the ones gone.
+                self._stop = True
         self._last_step_end = time.monotonic()
         return self._stop
+
+    def _join(self, rids: list[str], stopping: bool = False) -> list[str]:
+        """Answers the requests in `rids` that the ranks' last agreed emergency save answers
+        (see join_window_s); the rest, still to be served. One that asks the run to exit is left
+        to the next vote while the run goes on: no rank may stop alone."""
+        if not rids or self._agreed is None or self._last is None or self._last[0] != self._agreed[0]:
+            return rids
+        step, began = self._agreed
+        with self._cv:
+            late = [
+                r
+                for r in rids
+                if self._requests[r]["requested"] - began <= self.join_window_s
+                and (stopping or self._requests[r].get("after") != "exit")
+            ]
+            for r in late:
+                self._queue.remove(r)
+        if late:
+            _step, directory, manifest = self._last
+            self._done_with(late, directory, manifest, 0.0, step=step, joined=True)
+        return [r for r in rids if r not in late]
 
     def _complete(self, step: int) -> None:
         """Every rank's done record of `step`, gathered: when all ranks have one, the step is
@@ -688,6 +731,10 @@ def _step_pre_hook(optimizer: Any, hook: Callable[..., None]) -> Any:
         except (AttributeError, RuntimeError):
             continue
     return None
+
+
+# What the ranks vote at a step boundary; the highest wins (_agree).
+_PERIODIC, _EMERGENCY, _EXIT = 1, 2, 3
 
 
 def _gather(obj: Any, world: int) -> list[Any]:
