@@ -99,6 +99,7 @@ class Guard:
         self.warnings: list[str] = []
         self.last_loss: float | None = None
         self.resumed_step: int | None = None
+        self.passed_over: list[tuple[str, str]] = []  # (checkpoint, its fault): newer ones resume skipped
         self.extra: dict[str, Any] = {}  # the resumed checkpoint's user extras (data position etc.)
         self._stored_norms: dict[str, Any] | None = None
         self._after_resume: list[float] = []
@@ -587,24 +588,28 @@ class Guard:
         """
         if self.world > 1:
             return self._resume_together(fresh_if_damaged)
-        from holdover.train import state
-
         damaged: list[tuple[Path, str]] = []
         for directory in ckpt.candidates(self.root):
             try:
-                loaded = state.load(directory, self.threads)
+                # Into the model's own tensors: a chunk found damaged halfway leaves a mix of two
+                # checkpoints there, which the next candidate, loaded whole, overwrites.
+                loaded = self._load(directory)
             except ckpt.CheckpointError as e:
                 self.log(f"holdover: skipping damaged checkpoint {directory.name}: {e}")
                 damaged.append((directory, str(e)))
                 continue
             self._set_aside(damaged)
-            return self._resumed(loaded, directory)
+            return self._resumed(loaded, directory, damaged)
         return self._fresh(damaged, fresh_if_damaged, raise_it=bool(damaged))
 
-    def _resumed(self, loaded: Any, directory: Path) -> int:
-        from holdover.train import state
+    def _load(self, directory: Path) -> Any:
+        from holdover.train import restore
 
-        state.apply(loaded, self.model, self.optimizer, self.scheduler)
+        return restore.load_into(directory, self.model, self.optimizer, self.scheduler, self.threads)
+
+    def _resumed(self, loaded: Any, directory: Path, passed_over: list[tuple[Path, str]] | None = None) -> int:
+        # What the run got and why: the newest checkpoints it passed over, each with its fault.
+        self.passed_over = [(d.name, why) for d, why in passed_over or []]
         self.resumed_step = loaded.step
         self._last = (int(loaded.step), directory, loaded.manifest)
         if self._watchdog is not None:
@@ -615,7 +620,8 @@ class Guard:
         self._steps_since_resume = 0
         if self.interval:
             self.interval.last_save_step = loaded.step
-        self.log(f"holdover: resumed {self.name} from {directory} (step {loaded.step})")
+        past = "".join(f"; passed over {name}: {why}" for name, why in self.passed_over)
+        self.log(f"holdover: resumed {self.name} from {directory} (step {loaded.step}){past}")
         return int(loaded.step)
 
     def _fresh(self, damaged: list[tuple[Path, str]], fresh_if_damaged: bool, raise_it: bool) -> int:
@@ -632,8 +638,6 @@ class Guard:
     def _resume_together(self, fresh_if_damaged: bool) -> int:
         """resume() for a rank of a job: propose the newest step this rank has verified, take the
         lowest proposal, and load it if every rank has it verified; else look below it."""
-        from holdover.train import state
-
         steps: dict[int, Path] = {}
         for d in ckpt.candidates(self.root):  # newest first: a step's newest generation wins
             steps.setdefault(int(d.name.partition(".")[0][len("step_") :]), d)
@@ -660,7 +664,7 @@ class Guard:
                 self._set_aside(damaged)
                 if mine > agreed:
                     self.log(f"holdover: rank {self.rank} has step {mine}, not every rank does: loading {agreed}")
-                return self._resumed(state.load(steps[agreed], self.threads), steps[agreed])
+                return self._resumed(self._load(steps[agreed]), steps[agreed], damaged)
             bound = agreed - 1
         # No step every rank has: the job starts fresh, unless a rank had checkpoints and every one
         # of them is damaged, which stops every rank alike.

@@ -271,6 +271,27 @@ def apply(
             if st:
                 state[idx] = st
         optimizer.load_state_dict({"state": state, "param_groups": opt["param_groups"]})
+    _apply_scheduler_rng(loaded, scheduler, restore_rng)
+
+
+def apply_rest(
+    loaded: Loaded, optimizer: torch.optim.Optimizer | None, scheduler: Any = None, restore_rng: bool = True
+) -> None:
+    """What `apply` restores besides tensors, for a loader that put the tensors in place itself
+    (restore.load_into): the optimizer's hyperparameters and non-tensor state, scheduler, RNGs."""
+    opt = loaded.train.get("optimizer")
+    if optimizer is not None and opt is not None:
+        for group, saved in zip(optimizer.param_groups, opt["param_groups"], strict=False):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        flat = [p for g in optimizer.param_groups for p in g["params"]]
+        for p, pname in zip(flat, opt["names"], strict=False):
+            for k, v in opt["scalars"].get(pname, {}).items():
+                optimizer.state[p][k] = v
+    _apply_scheduler_rng(loaded, scheduler, restore_rng)
+
+
+def _apply_scheduler_rng(loaded: Loaded, scheduler: Any, restore_rng: bool) -> None:
+    t = loaded.tensors
     if scheduler is not None and "scheduler" in loaded.train:
         scheduler.load_state_dict(loaded.train["scheduler"])
     if restore_rng:

@@ -55,7 +55,7 @@ from holdover.train.ckpt.format import (
     round_up,
     step_dirname,
 )
-from holdover.train.ckpt.read import read_all, read_manifest, verify
+from holdover.train.ckpt.read import read_all, read_blob, read_header, read_into, read_manifest, verify
 from holdover.train.ckpt.store import candidates, newest_verified, pin, pinned, prune, set_aside
 from holdover.train.ckpt.write import save
 
@@ -89,6 +89,9 @@ __all__ = [
     "pinned",
     "prune",
     "read_all",
+    "read_blob",
+    "read_header",
+    "read_into",
     "read_manifest",
     "round_up",
     "save",

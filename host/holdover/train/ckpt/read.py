@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
 from holdover.train.ckpt.engine import CHUNK, THREADS, StagingBuffer, interleaved, open_for_read, run_jobs
-from holdover.train.ckpt.format import ALIGN, MANIFEST, CheckpointError, FileEntry, Manifest, round_up
+from holdover.train.ckpt.format import (
+    ALIGN,
+    MANIFEST,
+    CheckpointError,
+    FileEntry,
+    Manifest,
+    parse_header,
+    round_up,
+)
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -34,12 +45,16 @@ def _checked_size(path: Path, entry: FileEntry) -> int:
     return size
 
 
+Deliver = Callable[[str, int, memoryview], None]
+
+
 class FileReader:
     """One file being read back: its descriptor, where its bytes land, and what they must hash to."""
 
-    def __init__(self, path: Path, entry: FileEntry, whole: bool) -> None:
+    def __init__(self, path: Path, entry: FileEntry, whole: bool, deliver: Deliver | None = None) -> None:
         self.path = path
         self.entry = entry
+        self.deliver = deliver  # each chunk, once checked, handed on from the staging buffer
         self.size = _checked_size(path, entry)
         # Format 1 files have one hash over the whole file: one job reads them front to back.
         self.chunk = entry.chunk or max(self.size, 1)
@@ -59,6 +74,10 @@ def _read_chunk(f: FileReader, i: int, st: StagingBuffer | None) -> None:
                 # Up to this chunk's end (block-rounded), never into the next chunk: that one is
                 # another thread's, and reading it here too would read it twice.
                 window = f.buf.view[off : min(off + CHUNK, round_up(b), f.buf.size)]
+            elif f.deliver is not None:
+                assert st is not None
+                # The whole chunk in staging, so what is handed on is exactly what was checked.
+                window = st.view[off - a : round_up(b - a)]
             else:
                 assert st is not None
                 window = st.view[: min(CHUNK, round_up(b - off))]
@@ -73,6 +92,9 @@ def _read_chunk(f: FileReader, i: int, st: StagingBuffer | None) -> None:
     if hasher.hexdigest() != want:
         where = f" (bytes {a}-{b})" if f.count > 1 else ""
         raise CheckpointError(f"{f.path}: hash mismatch{where} (the file is damaged)")
+    if f.deliver is not None:
+        assert st is not None
+        f.deliver(f.entry.name, a, st.view[: b - a])
 
 
 def _read_job(job: tuple[FileReader, int], st: StagingBuffer) -> None:
@@ -80,22 +102,31 @@ def _read_job(job: tuple[FileReader, int], st: StagingBuffer) -> None:
 
 
 def _read(
-    directory: Path, threads: int, direct: bool, whole: bool, keep: bool = False
+    directory: Path,
+    threads: int,
+    direct: bool,
+    whole: bool,
+    keep: bool = False,
+    deliver: Deliver | None = None,
+    manifest: Manifest | None = None,
 ) -> tuple[Manifest, dict[str, mmap.mmap]]:
     """The one reader behind verify and load: every chunk of every file read from the media
     (O_DIRECT where allowed) by `threads` threads at once and checked against the manifest."""
-    manifest = read_manifest(directory)
+    manifest = manifest or read_manifest(directory)
     files: list[FileReader] = []
     try:
         for entry in manifest.files:
-            files.append(FileReader(directory / entry.name, entry, whole))
+            if deliver is not None and not entry.chunk and entry.size > CHUNK:
+                raise CheckpointError(f"{directory / entry.name}: one hash for all of it (format 1): read it whole")
+            files.append(FileReader(directory / entry.name, entry, whole, deliver))
             try:
                 files[-1].fd, _ = open_for_read(files[-1].path, direct)
             except OSError as e:
                 raise CheckpointError(f"{files[-1].path}: cannot open: {e.strerror or e}") from None
         # Staging as long as the longest chunk, block-rounded (format 1 files are read in CHUNK pieces).
         longest = max((min(f.chunk, f.size) for f in files), default=0)
-        size = 0 if whole else min(CHUNK, max(ALIGN, round_up(longest)))
+        # A reader handing chunks on holds each whole chunk, checked, in its staging.
+        size = 0 if whole else max(ALIGN, round_up(longest)) if deliver else min(CHUNK, max(ALIGN, round_up(longest)))
         run_jobs(interleaved(files), threads, size, _read_job, keep=keep)
     except BaseException:
         for f in files:
@@ -128,3 +159,51 @@ def read_all(
     """Read and check a whole checkpoint; each file's bytes in a buffer of its own (the loader
     builds tensors on them, so what it uses is exactly what was checked)."""
     return _read(Path(directory), threads, direct, whole=True)
+
+
+def read_header(path: Path) -> tuple[bytes, dict[str, Any], int]:
+    """A safetensors file's header as it is on disk (its length field and JSON, not yet checked
+    against the manifest: the chunk that holds it is), parsed, and where its data section starts."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) == 8:
+                (n,) = struct.unpack("<Q", head)
+                head += f.read(n if n <= 100 << 20 else 0)  # parse_header says why a length is wrong
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable: {e.strerror or e}") from None
+    header, start = parse_header(head, path)
+    return head, header, start
+
+
+def read_blob(directory: Path, entry: FileEntry) -> bytes:
+    """A small file of a checkpoint (its train.json), read whole and checked against the manifest."""
+    path = directory / entry.name
+    _checked_size(path, entry)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable: {e.strerror or e}") from None
+    if entry.chunk:
+        got = [xxhash.xxh3_128_hexdigest(data[a : a + entry.chunk]) for a in range(0, max(len(data), 1), entry.chunk)]
+        ok = got == entry.chunks
+    else:
+        ok = xxhash.xxh3_128_hexdigest(data) == entry.hash
+    if not ok:
+        raise CheckpointError(f"{path}: hash mismatch (the file is damaged)")
+    return data
+
+
+def read_into(
+    directory: Path | str,
+    deliver: Callable[[str, int, memoryview], None],
+    threads: int = THREADS,
+    direct: bool = True,
+    manifest: Manifest | None = None,
+) -> Manifest:
+    """Read and check every chunk of a checkpoint into staging buffers and hand each one, once
+    checked, to deliver(file name, offset, bytes) on the reading thread (so deliveries run in
+    parallel, each chunk exactly once, in no order). What deliver keeps of the bytes it must copy:
+    the buffer is the next chunk's. Raises CheckpointError at the first bad chunk, after which
+    some chunks were delivered and others not."""
+    return _read(Path(directory), threads, direct, whole=False, deliver=deliver, manifest=manifest)[0]
