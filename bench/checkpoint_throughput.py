@@ -11,7 +11,11 @@ files and the directory fsync'd inside the clock). Cases, each repeated and inte
              outstanding request, pwrite/preadv on O_DIRECT descriptors.
   ours       holdover.train.state.save (chunked, parallel O_DIRECT, XXH3-128 per chunk, manifest)
   verify     holdover.train.ckpt.verify: every byte read back from the media and checked
-  resume     holdover.train.state.load in a fresh process (what Guard.resume runs), imports outside the clock
+  resume     holdover.train.state.load in a fresh process, imports outside the clock
+  resume into a built model (first state, with peers): a fresh process builds the model and
+             optimizer, then loads: holdover in place (restore.load_into, what Guard.resume runs),
+             holdover's load + apply (before), DCP load, safetensors load_file, torch.load (each with
+             load_state_dict); time, and peak RSS above the built model (VmHWM, reset after building)
   dcp        torch.distributed.checkpoint.save, FileSystemWriter(thread_count=4)
   st x4      safetensors save_file per shard on 4 threads + fsync (holdover's shards, no hash)
   article    torch.save of one file + fsync, then MD5 of the file read back
@@ -44,6 +48,7 @@ from pathlib import Path
 import torch
 
 from holdover.train import ckpt, state
+from holdover.train.ckpt.engine import CHUNK
 from holdover.train.guard import Guard
 
 BLOCK = 64 << 20
@@ -292,6 +297,116 @@ def emergency(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer | N
     return done, time.perf_counter() - t0
 
 
+# --- resume into an existing model --------------------------------------------------------------
+
+# A fresh process that builds the model and optimizer first (as a resuming script does), forgets
+# that peak (clear_refs 5), and then loads: the time, and how far RSS rose above the built model.
+RESUME_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+from checkpoint_throughput import build
+
+how, kind, gb, path = sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+model, opt = build(kind, gb)
+
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = status("VmRSS:")
+t0 = time.perf_counter()
+if how == "in_place":
+    from holdover.train import restore
+    restore.load_into(path, model, opt)
+elif how == "today":
+    from holdover.train import state
+    state.apply(state.load(path), model, opt)
+elif how == "dcp":
+    import torch.distributed.checkpoint as dcp
+    sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+    dcp.load(sd, checkpoint_id=path)
+    model.load_state_dict(sd["model"])
+    opt.load_state_dict(sd["optim"])
+elif how == "safetensors":
+    from safetensors.torch import load_file
+    t = load_file(path)
+    model.load_state_dict({k: t.pop(k) for k in list(model.state_dict())})
+    osd = opt.state_dict()
+    for i, st in osd["state"].items():
+        for k in st:
+            st[k] = t.pop(f"optim.{i}.{k}")
+    opt.load_state_dict(osd)
+elif how == "torch":
+    sd = torch.load(path, weights_only=True)
+    model.load_state_dict(sd["model"])
+    opt.load_state_dict(sd["optimizer"])
+print(json.dumps({"s": time.perf_counter() - t0, "base": base, "peak": status("VmHWM:")}))
+"""
+
+RESUMES = {
+    "in_place": "ours: in place (restore.load_into)",
+    "today": "ours: load + apply (before)",
+    "dcp": "DCP load + load_state_dict",
+    "safetensors": "safetensors load_file + load_state_dict",
+    "torch": "torch.load + load_state_dict",
+}
+
+
+def resume_into(
+    spec: str, work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cache: Cache, read_rate: float
+) -> list[str]:
+    """Each way of resuming a built model, in a fresh process, from its own checkpoint of the same state."""
+    from safetensors.torch import save_file
+
+    kind, _, gb = spec.partition(":")
+    paths = {"in_place": state.save(work / "ours", 1, model, opt)[0]}
+    paths["today"] = paths["in_place"]
+    dcp_save(work / "dcp", model, opt)
+    paths["dcp"] = work / "dcp"
+    flat = dict(model.state_dict())
+    for i, st in opt.state_dict()["state"].items():
+        flat |= {f"optim.{i}.{k}": v for k, v in st.items() if isinstance(v, torch.Tensor)}
+    save_file(flat, str(work / "st.safetensors"))
+    paths["safetensors"] = work / "st.safetensors"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, work / "a.pt")
+    paths["torch"] = work / "a.pt"
+    nbytes = state.capture(model, opt).nbytes
+    staging = ckpt.THREADS * CHUNK
+    here = str(Path(__file__).resolve().parent)
+    lines = [
+        f"resume into a built model ({nbytes / 1e9:.2f} GB state; our staging {staging / 1e9:.2f} GB): "
+        "fresh process, page cache dropped, peak RSS above the built model"
+    ]
+    lines.append(f"{'how':42} {'s':>6} {'/ read ceiling':>14} {'peak +GB':>8} {'/ state':>7}")
+    for how, name in RESUMES.items():
+        cache()
+        argv = [sys.executable, "-c", RESUME_CHILD, here, how, kind, gb, str(paths[how])]
+        out = subprocess.run(argv, capture_output=True, text=True)
+        if out.returncode != 0:
+            lines.append(f"{name:42} failed: {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        grew = r["peak"] - r["base"]
+        ceiling_s = nbytes / read_rate
+        lines.append(f"{name:42} {r['s']:6.2f} {ceiling_s / r['s']:14.2f} {grew / 1e9:8.2f} {grew / nbytes:7.2f}")
+    lines.append(
+        f"goal: in place at most 0.15 x state + staging above the model ({(0.15 * nbytes + staging) / 1e9:.2f} GB), "
+        "lowest of all; time at least 0.9 of the read ceiling"
+    )
+    for p in ("ours", "dcp"):
+        shutil.rmtree(work / p, ignore_errors=True)
+    for p in ("st.safetensors", "a.pt"):
+        (work / p).unlink(missing_ok=True)
+    print("\n".join(lines))
+    return lines
+
+
 def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) -> list[str]:
     kind, _, gb = spec.partition(":")
     model, opt = build(kind, float(gb))
@@ -382,6 +497,9 @@ def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) ->
         f"these bytes in {floor:.2f} s: {verified / floor:.2f}x (median of {len(em)}; {per_round:.2f}x by round)"
     )
     print("\n".join(lines))
+    if peers and opt is not None:
+        (args.dir / "resume").mkdir()
+        lines += resume_into(spec, args.dir / "resume", model, opt, cache, ref["read"])
     return lines
 
 
