@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class Guard:
         stall_save_s: float | None = None,
         boundary_wait_s: float = 2.0,
         join_window_s: float = 5.0,
+        background: bool = True,
         log: Log = _stderr,
     ) -> None:
         self.name = name or os.environ.get("HOLDOVER_RUN_NAME") or Path(sys.argv[0] or "train").stem or "train"
@@ -136,6 +138,14 @@ class Guard:
         # for another rank's request is the same cut, answered by that save (one save per cut).
         self.join_window_s = join_window_s
         self._agreed: tuple[int, float] | None = None  # (step, wall time) of such a save
+        # Periodic saves copy the state at the boundary and are written while training goes on;
+        # the loop pays the copy (and a wait when the previous save is still writing).
+        self.background = background
+        self._snapshot = ckpt.Snapshot()
+        self._bg: _Background | None = None
+        self._bg_lock = threading.Lock()
+        self._uncounted: int | None = None  # a background step whose job record waits for the next vote
+        self.stalls: deque[tuple[int, float, float]] = deque(maxlen=64)  # (step, copy s, waited s)
         self.reg = registry.Registration(
             name=self.name,
             pid=os.getpid(),
@@ -179,6 +189,7 @@ class Guard:
         return self
 
     def close(self) -> None:
+        self._finish_background()  # the last periodic save lands before the run ends
         self._closed.set()
         with self._cv:
             self._cv.notify_all()
@@ -293,6 +304,7 @@ class Guard:
         Returns True when the run should stop (a request asked to save and exit).
         """
         now = time.monotonic()
+        self._finish_background(wait=False)
         if self._watchdog is not None:
             self._mark(step, extra)
         if self._last_step_end is not None:
@@ -316,10 +328,19 @@ class Guard:
         if decision:
             if decision >= _EMERGENCY and not emergency:
                 self._agreed = (step, time.time())
+            if self._uncounted is not None:
+                # Every rank is here at once (the vote): the background step is on disk or not by
+                # now on each, so the job's record of it is gathered (an emergency stops it first).
+                self._finish_background(cancel=decision >= _EMERGENCY)
+                self._complete(self._uncounted)
+                self._uncounted = None
             with self._lock:
                 self._take(step, extra, pending, "emergency" if decision >= _EMERGENCY else "periodic")
             if self.world > 1:
-                self._complete(step)
+                if self._bg is not None and self._bg.step == step:
+                    self._uncounted = step
+                else:
+                    self._complete(step)
             if decision == _EXIT:
                 # One rank's bridge asked the run to stop after saving: every rank stops at this
                 # step, or the ones going on would wait in the next collective for the ones gone.
@@ -428,6 +449,13 @@ class Guard:
             self._take(at, self._at_extra, rids, "stalled" if not rids else "emergency", rng=self._at_rng)
 
     def _take(self, step: int, extra: dict[str, Any] | None, rids: list[str], kind: str, rng: Any = None) -> None:
+        if kind == "periodic" and self.background:
+            self._save_background(step, extra)
+            return
+        if self._bg is not None:
+            # This step's snapshot already on its way answers an emergency once durable; an older
+            # one gives the disk to the emergency save.
+            self._finish_background(cancel=self._bg.step != step)
         with self._cv:
             for rid in rids:
                 self._queue.remove(rid)
@@ -500,7 +528,21 @@ class Guard:
     ) -> tuple[Path, ckpt.Manifest]:
         """Write a checkpoint now (the loop must be between steps); `pin` keeps it out of rotation;
         `prune=False` leaves the rotation to the caller (`_prune`); `rng` the RNGs as they stood
-        at the step (state.Rng), when the loop has drawn more since."""
+        at the step (state.Rng), when the loop has drawn more since. A background save still
+        writing is let finish first."""
+        self._finish_background()
+        meta = self._meta(reason)
+        t0 = time.monotonic()
+        with self._lock:
+            shards, blobs = self._capture(step, extra, rng)
+            directory, manifest = ckpt.save(
+                self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, progress=progress
+            )
+            self._last = (step, directory, manifest)
+        self._saved(step, directory, manifest, time.monotonic() - t0, reason, pin, prune)
+        return directory, manifest
+
+    def _meta(self, reason: str) -> dict[str, Any]:
         meta = {
             "name": self.name,
             "reason": reason,
@@ -513,18 +555,24 @@ class Guard:
         }
         if threading.current_thread() is self._watchdog:
             meta["collective_free"] = True  # saved while the loop was stuck: no rank agreed on it
-        t0 = time.monotonic()
-        with self._lock:
-            if self.capture is not None:
-                shards, train = self.capture(step, extra)
-                blobs = {ckpt.TRAIN_JSON: json.dumps(train).encode()}
-                directory, manifest = ckpt.save(
-                    self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, progress=progress
-                )
-            else:
-                directory, manifest = self._save_torch(step, extra, meta, progress, rng)
-            self._last = (step, directory, manifest)
-        seconds = time.monotonic() - t0
+        return meta
+
+    def _capture(self, step: int, extra: dict[str, Any] | None, rng: Any) -> tuple[list[ckpt.Shard], dict[str, bytes]]:
+        """The state as shards over its live memory, and train.json."""
+        if self.capture is not None:
+            shards, train = self.capture(step, extra)
+            return list(shards), {ckpt.TRAIN_JSON: json.dumps(train).encode()}
+        from holdover.train import state  # torch only when a save actually happens
+
+        cap = state.capture(
+            self.model, self.optimizer, self.scheduler, extra, step, self.shard_bytes, self.threads, rng
+        )
+        return cap.shards, {ckpt.TRAIN_JSON: json.dumps(cap.train).encode()}
+
+    def _saved(
+        self, step: int, directory: Path, manifest: ckpt.Manifest, seconds: float, reason: str, pin: bool, prune: bool
+    ) -> None:
+        """The bookkeeping of a checkpoint now on disk: the job's done record, pin, rotation, registration."""
         if self.world > 1:
             try:
                 self._done = job.done_record(self.rank, step, directory)
@@ -539,37 +587,69 @@ class Guard:
             step, str(directory), manifest.nbytes, round(seconds, 4), time.time(), reason
         )
         self._publish()
-        return directory, manifest
+
+    def _save_background(self, step: int, extra: dict[str, Any] | None) -> None:
+        """A periodic save: the state copied at this boundary and written by a thread while the
+        loop goes on. The adaptive interval is charged what the loop paid (copy and wait)."""
+        t0 = time.monotonic()
+        waited = self._finish_background()  # its snapshot buffer is the one about to be reused
+        if waited >= 0.001:
+            self.log(
+                f"holdover: periodic save at step {step} waited {waited:.2f} s for the previous one to finish writing"
+            )
+        meta = self._meta("periodic")
+        meta["background"] = True
+        with self._lock:
+            shards, blobs = self._capture(step, extra, None)
+            shards = self._snapshot.take(shards, self.threads)
+        stall = time.monotonic() - t0
+        self.stalls.append((step, round(stall - waited, 6), round(waited, 6)))
+        bg = _Background(step, threading.Event(), time.monotonic())
+
+        def write() -> None:
+            try:
+                bg.result = ckpt.save(
+                    self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, cancel=bg.cancel
+                )
+            except Exception as e:  # reported on the loop's thread (_finish_background)
+                bg.error = e
+
+        bg.thread = threading.Thread(target=write, name="holdover-background-save", daemon=True)
+        self._bg = bg
+        bg.thread.start()
+        if self.interval:
+            self.interval.saved(step, self.last_loss, stall)
+
+    def _finish_background(self, cancel: bool = False, wait: bool = True) -> float:
+        """Waits for the background save (or stops it: `cancel`) and does its bookkeeping on this
+        thread; with `wait=False` only when it has ended. Returns the seconds waited."""
+        with self._bg_lock:
+            bg = self._bg
+            if bg is None or bg.thread is None or (not wait and bg.thread.is_alive()):
+                return 0.0
+            if cancel:
+                bg.cancel.set()
+            t0 = time.monotonic()
+            bg.thread.join()
+            self._bg = None
+        waited = time.monotonic() - t0
+        if bg.result is not None:
+            directory, manifest = bg.result
+            if not (self._last and self._last[0] > bg.step):
+                self._last = (bg.step, directory, manifest)
+            self._saved(bg.step, directory, manifest, time.monotonic() - bg.started, "periodic", False, True)
+        elif bg.cancel.is_set():
+            self.log(f"holdover: background save of step {bg.step} stopped for an emergency save")
+        else:
+            self.warnings.append(str(bg.error))
+            self.log(f"holdover: background checkpoint at step {bg.step} failed: {bg.error}")
+        return waited
 
     def _prune(self, newest: Path) -> None:
         try:
             ckpt.prune(self.root, self.keep, protect=[newest])
         except OSError as e:
             self.log(f"holdover: could not remove old checkpoints in {self.root}: {e}")
-
-    def _save_torch(
-        self,
-        step: int,
-        extra: dict[str, Any] | None,
-        meta: dict[str, Any],
-        progress: ckpt.Progress | None,
-        rng: Any = None,
-    ) -> tuple[Path, ckpt.Manifest]:
-        from holdover.train import state  # torch only when a save actually happens
-
-        return state.save(
-            self.root,
-            step,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            extra,
-            meta,
-            threads=self.threads,
-            shard_bytes=self.shard_bytes,
-            progress=progress,
-            rng=rng,
-        )
 
     # --- resume ---------------------------------------------------------------------------------------
 
@@ -712,6 +792,18 @@ class Guard:
 
         self._hooks.append(self.optimizer.register_step_pre_hook(pre))
         self._hooks.append(self.optimizer.register_step_post_hook(post))
+
+
+@dataclass
+class _Background:
+    """A periodic save being written by its own thread."""
+
+    step: int
+    cancel: threading.Event
+    started: float
+    thread: threading.Thread | None = None
+    result: tuple[Path, ckpt.Manifest] | None = None
+    error: Exception | None = None
 
 
 def protect(ckpt_dir: Path | str, name: str | None = None, **kw: Any) -> Guard:

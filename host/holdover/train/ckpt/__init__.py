@@ -56,6 +56,7 @@ from holdover.train.ckpt.format import (
     step_dirname,
 )
 from holdover.train.ckpt.read import read_all, read_blob, read_header, read_into, read_manifest, verify
+from holdover.train.ckpt.snapshot import Snapshot
 from holdover.train.ckpt.store import candidates, newest_verified, pin, pinned, prune, set_aside
 from holdover.train.ckpt.write import save
 
@@ -78,6 +79,7 @@ __all__ = [
     "Manifest",
     "Progress",
     "Shard",
+    "Snapshot",
     "Tensor",
     "candidates",
     "chunk_size",

@@ -139,6 +139,7 @@ def save(
     threads: int = THREADS,
     direct: bool = True,
     progress: Progress | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[Path, Manifest]:
     """Write one checkpoint durably; returns its directory and manifest.
 
@@ -148,7 +149,9 @@ def save(
 
     Raises CheckpointError (naming the file and the cause) after removing the partial directory;
     nothing outside the new directory is touched, except dead writers' leftovers when the space
-    they hold is needed. A save that cannot fit is refused before any byte is written.
+    they hold is needed. A save that cannot fit is refused before any byte is written. `cancel`
+    set stops the save at its next chunk (CheckpointError, the partial directory removed): a
+    background save giving the disk to an emergency one.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -177,6 +180,8 @@ def save(
     def work(job: tuple[FileWriter, int], st: StagingBuffer) -> None:
         nonlocal done_bytes
         f, i = job
+        if cancel is not None and cancel.is_set():
+            raise CheckpointError(f"{tmp}: cancelled")
         try:
             k = _write_chunk(f, i, st)
             with lock:
@@ -208,6 +213,8 @@ def save(
                 if f.fd >= 0:
                     os.close(f.fd)
         fsync_dir(tmp)
+        if cancel is not None and cancel.is_set():
+            raise CheckpointError(f"{tmp}: cancelled")
         manifest = Manifest(step, [f.entry() for f in files], dict(meta or {}), time.time())
         manifest.seconds = round(time.monotonic() - t0, 6)
         try:

@@ -1,0 +1,173 @@
+"""Periodic saves written in the background (Guard(background=True), the default): the loop pays a
+copy of the state at the boundary, the write runs beside training, and what lands is exactly the
+state of the step it was taken at. An emergency save takes the disk from an older background
+save, and is answered by one of its own step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from holdover.train import ckpt, state
+from holdover.train import guard as guard_mod
+from holdover.train.guard import Guard
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _train(model, opt)
+    return model, opt
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    opt.zero_grad()
+    model(torch.randn(8, 256)).pow(2).mean().backward()
+    opt.step()
+
+
+def _state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    out = {k: v.clone() for k, v in model.state_dict().items()}
+    for i, st in opt.state_dict()["state"].items():
+        out |= {f"{i}/{k}": v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
+    return out
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class Gate:
+    """Holds every background write until opened (or until the save is cancelled)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open = threading.Event()
+        self.started = threading.Event()
+        real = ckpt.save
+
+        def save(*a: Any, cancel: threading.Event | None = None, **kw: Any) -> Any:
+            if threading.current_thread().name == "holdover-background-save":
+                self.started.set()
+                while not self.open.is_set() and not (cancel and cancel.is_set()):
+                    time.sleep(0.005)
+            return real(*a, cancel=cancel, **kw)
+
+        monkeypatch.setattr(guard_mod.ckpt, "save", save)
+
+
+def _guard(tmp: Path, model: Any, opt: Any, log: list[str], **kw: Any) -> Guard:
+    return Guard(
+        tmp / "ckpt", "bg", model=model, optimizer=opt, signal=None, registry_dir=tmp / "reg", log=log.append, **kw
+    ).start()
+
+
+def test_a_background_save_holds_the_step_it_was_taken_at_while_training_changes_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(monkeypatch)
+    model, opt = _model()
+    log: list[str] = []
+    g = _guard(tmp_path, model, opt, log, interval=5)
+    at5 = _state(model, opt)
+    g.step_end(5)  # due: copied now, written behind the loop
+    assert gate.started.wait(5)
+    for _ in range(3):  # every parameter and moment changes while the write waits
+        _train(model, opt)
+    assert not _equal(_state(model, opt), at5)
+    assert not list((tmp_path / "ckpt").glob("step_*"))  # not on disk yet: the loop did not wait
+    gate.open.set()
+    g.close()
+    (d,) = (tmp_path / "ckpt").glob("step_*")
+    assert d.name == "step_000000005" and ckpt.verify(d).meta["background"] is True
+    back, back_opt = _model()
+    _train(back, back_opt)
+    state.apply(state.load(d), back, back_opt)
+    assert _equal(_state(back, back_opt), at5)  # the state of step 5, not of the steps after it
+    # The same bytes a blocking save of that state writes.
+    state.apply(state.load(d), model, opt)
+    blocking = Guard(tmp_path / "b", "b", model=model, optimizer=opt, signal=None, registry_dir=tmp_path / "r2")
+    db, _ = blocking.save(5)
+    assert _equal(state.load(d).tensors, state.load(db).tensors)
+    [(step, copy_s, waited)] = list(g.stalls)
+    assert step == 5 and waited == 0.0 and copy_s > 0
+
+
+def test_the_next_periodic_save_waits_for_the_previous_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(monkeypatch)
+    model, opt = _model()
+    log: list[str] = []
+    g = _guard(tmp_path, model, opt, log, interval=1)
+    g.step_end(1)
+    assert gate.started.wait(5)
+    threading.Timer(0.3, gate.open.set).start()
+    _train(model, opt)
+    at2 = _state(model, opt)
+    g.step_end(2)  # the buffer of step 1's snapshot is still being written: wait, then copy
+    g.close()
+    assert [s[0] for s in g.stalls] == [1, 2] and g.stalls[1][2] >= 0.2, g.stalls
+    assert any("step 2 waited" in m and "previous one to finish writing" in m for m in log), log
+    names = sorted(d.name for d in (tmp_path / "ckpt").glob("step_*"))
+    assert names == ["step_000000001", "step_000000002"]
+    back, back_opt = _model()
+    state.apply(state.load(tmp_path / "ckpt" / "step_000000002"), back, back_opt)
+    assert _equal(_state(back, back_opt), at2)
+
+
+def test_an_emergency_takes_the_disk_from_an_older_background_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(monkeypatch)  # never opened: the background write of step 1 is still waiting
+    model, opt = _model()
+    log: list[str] = []
+    g = _guard(tmp_path, model, opt, log, interval=1)
+    g.step_end(1)
+    assert gate.started.wait(5)
+    _train(model, opt)
+    at2 = _state(model, opt)
+    rid = g.request("mains_lost")
+    g.step_end(2)
+    req = g.requests()[rid]
+    assert req["state"] == "done" and req["step"] == 2, req
+    g.close()
+    assert sorted(d.name for d in (tmp_path / "ckpt").iterdir() if not d.name.startswith("reg")) == [
+        "step_000000002"
+    ]  # step 1's partial directory removed, nothing else left behind
+    assert any("background save of step 1 stopped for an emergency save" in m for m in log), log
+    back, back_opt = _model()
+    state.apply(state.load(tmp_path / "ckpt" / "step_000000002"), back, back_opt)
+    assert _equal(_state(back, back_opt), at2)
+
+
+def test_an_emergency_at_the_step_being_written_is_answered_by_that_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop stops after a periodic save began (here: it never calls step_end again); the
+    watchdog's emergency save of the same step waits for the background write instead of
+    writing the step twice, and reports done once it is durable."""
+    gate = Gate(monkeypatch)
+    model, opt = _model()
+    log: list[str] = []
+    g = _guard(tmp_path, model, opt, log, interval=3, boundary_wait_s=0.2, stall_save_s=0)
+    g.step_end(3)
+    assert gate.started.wait(5)
+    rid = g.request("mains_lost")
+    time.sleep(0.6)  # past boundary_wait_s: the watchdog is waiting on the write
+    assert g.requests()[rid]["state"] == "queued"
+    gate.open.set()
+    deadline = time.monotonic() + 10
+    while g.requests()[rid]["state"] != "done":
+        assert time.monotonic() < deadline, g.requests()[rid]
+        time.sleep(0.02)
+    req = g.requests()[rid]
+    g.close()
+    assert req["step"] == 3 and Path(req["dir"]).name == "step_000000003", req
+    assert sorted(d.name for d in (tmp_path / "ckpt").glob("step_*")) == ["step_000000003"]
+    assert ckpt.pinned(Path(req["dir"]))  # asked for in a cut: kept out of rotation like any emergency save
