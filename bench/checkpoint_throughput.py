@@ -22,6 +22,13 @@ files and the directory fsync'd inside the clock). Cases, each repeated and inte
   emergency  Guard: request -> step boundary -> done (pinned, rotation after `done`) -> verify, as
              the bridge does; against the ceiling's time to write plus read the same bytes
 
+  stall      the loop's pause for one periodic checkpoint: holdover background (copy at the
+             boundary, written behind the loop) and blocking, DCP async_save and save, torch.save;
+             beside the floor (the same bytes copied once on 8 threads into a warm buffer), and
+             the background write's rate while a stand-in training loop (CPU matmuls) runs
+  loop       the toy model, 200 steps, a checkpoint every 20: steps/s kept, background, blocking,
+             DCP async_save, against none
+
 States: `model:GB` (a transformer-shaped fp32 model with Adam's two moments) and `huge:GB` (one
 tensor). Peers run on the first state only.
 
@@ -407,6 +414,155 @@ def resume_into(
     return lines
 
 
+# --- training stall per periodic checkpoint --------------------------------------------------------
+
+
+def _fake_training(until: Callable[[], bool], width: int = 1024) -> int:
+    """What a training loop does beside a background save: matmuls until `until()`; the count."""
+    a = torch.randn(width, width)
+    n = 0
+    while not until():
+        a = torch.tanh(a @ a * (1.0 / width))
+        n += 1
+    return n
+
+
+def stall(
+    work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cache: Cache, write_rate: float, repeats: int
+) -> list[str]:
+    """Seconds the loop stops for one periodic checkpoint, five ways, and the copy floor; with the
+    background write's rate while training runs beside it."""
+    import torch.distributed.checkpoint as dcp
+
+    cap = state.capture(model, opt)
+    nbytes = cap.nbytes
+    snap = ckpt.Snapshot()
+    snap.take(cap.shards)  # the floor's destination already touched, as a kept snapshot buffer is
+    times: dict[str, list[float]] = {}
+    behind: list[float] = []
+    log: list[str] = []
+    for r in range(repeats):
+        times.setdefault("memcpy floor (8 threads, warm buffer)", []).append(timed(lambda: snap.take(cap.shards)))
+        for background in (True, False):
+            cache()
+            g = Guard(
+                work / f"g{r}{background}",
+                "bench",
+                model=model,
+                optimizer=opt,
+                signal=None,
+                registry_dir=work / "reg",
+                interval=1,
+                keep=1,
+                background=background,
+                log=log.append,
+            )
+            g.step_end(1)  # the first save warms the snapshot buffer, as a run's first one does
+            g.wait_background()
+            cache()
+            t0 = time.perf_counter()
+            g.step_end(2)
+            name = "holdover background" if background else "holdover blocking"
+            times.setdefault(name, []).append(time.perf_counter() - t0)
+            if background:
+                _fake_training(lambda g=g: not g.writing)
+                behind.append(nbytes / (time.perf_counter() - t0))
+            g.close()
+            shutil.rmtree(work / f"g{r}{background}")
+        cache()
+        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+        t0 = time.perf_counter()
+        fut = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(str(work / "dcpa"), thread_count=4), no_dist=True)
+        times.setdefault("DCP async_save", []).append(time.perf_counter() - t0)
+        _fake_training(fut.done)
+        fut.result()
+        shutil.rmtree(work / "dcpa")
+        cache()
+        times.setdefault("DCP save", []).append(timed(lambda: dcp_save(work / "dcp", model, opt)))
+        shutil.rmtree(work / "dcp")
+        cache()
+        times.setdefault("torch.save + fsync", []).append(timed(lambda: _torch_save(work / "a.pt", model, opt)))
+        (work / "a.pt").unlink()
+    snap.close()
+    floor = statistics.median(times["memcpy floor (8 threads, warm buffer)"])
+    lines = [f"training stall per periodic checkpoint ({nbytes / 1e9:.2f} GB state, median of {repeats}):"]
+    lines.append(f"{'how':40} {'stall s':>8} {'/ floor':>8}")
+    for name, ts in times.items():
+        lines.append(f"{name:40} {statistics.median(ts):8.3f} {statistics.median(ts) / floor:8.2f}")
+    ours = statistics.median(times["holdover background"])
+    lines.append(
+        f"holdover background vs DCP async_save: {statistics.median(times['DCP async_save']) / ours:.1f}x lower stall; "
+        f"its write, with training beside it: {statistics.median(behind) / 1e6:.0f} MB/s = "
+        f"{statistics.median(behind) / write_rate:.2f} of the write ceiling (goals: stall <= 1.5x floor, "
+        ">= 3x below async_save, write >= 0.8 of the ceiling)"
+    )
+    print("\n".join(lines))
+    return lines
+
+
+def _torch_save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    with open(path, "wb") as f:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def loop_run(work: Path, steps: int = 200, every: int = 20, width: int = 1024, depth: int = 8) -> list[str]:
+    """The toy model trained `steps` steps with a checkpoint every `every`: steps per second kept."""
+    import torch.distributed.checkpoint as dcp
+
+    from holdover.train import toy
+
+    rates: dict[str, float] = {}
+    for how in ("none", "background", "blocking", "DCP async_save"):
+        model = toy.build(width, depth)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        g = None
+        if how in ("background", "blocking"):
+            g = Guard(
+                work / how,
+                "loop",
+                model=model,
+                optimizer=opt,
+                signal=None,
+                registry_dir=work / "reg",
+                interval=every,
+                keep=2,
+                background=how == "background",
+                log=lambda m: None,
+            )
+        fut = None
+        t0 = time.perf_counter()
+        for step in range(1, steps + 1):
+            x, y = toy.batch(step, width)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if g is not None:
+                g.step_end(step)
+            elif how == "DCP async_save" and step % every == 0:
+                if fut is not None:
+                    fut.result()
+                sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+                writer = dcp.FileSystemWriter(str(work / f"dcp{step}"), thread_count=4)
+                fut = dcp.async_save(sd, storage_writer=writer, no_dist=True)
+        if fut is not None:
+            fut.result()
+        if g is not None:
+            g.close()
+        rates[how] = steps / (time.perf_counter() - t0)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+    nbytes = state.capture(model, opt).nbytes
+    lines = [
+        f"training loop: toy {width}x{depth} ({nbytes / 1e6:.0f} MB state), {steps} steps, a checkpoint every {every}:"
+    ]
+    for how, r in rates.items():
+        lines.append(f"  {how:16} {r:7.1f} steps/s  {r / rates['none']:5.2f} of no checkpoints")
+    print("\n".join(lines))
+    return lines
+
+
 def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) -> list[str]:
     kind, _, gb = spec.partition(":")
     model, opt = build(kind, float(gb))
@@ -500,6 +656,10 @@ def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) ->
     if peers and opt is not None:
         (args.dir / "resume").mkdir()
         lines += resume_into(spec, args.dir / "resume", model, opt, cache, ref["read"])
+        (args.dir / "stall").mkdir()
+        lines += stall(args.dir / "stall", model, opt, cache, ref["write"], args.repeats)
+        (args.dir / "loop").mkdir()
+        lines += loop_run(args.dir / "loop")
     return lines
 
 

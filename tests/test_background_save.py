@@ -43,6 +43,14 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _holds(d: Path, want: dict[str, torch.Tensor]) -> bool:
+    """The checkpoint `d`, loaded into a model and optimizer of its own, is `want` bit for bit."""
+    back, back_opt = _model()
+    _train(back, back_opt)
+    state.apply(state.load(d), back, back_opt)
+    return _equal(_state(back, back_opt), want)
+
+
 class Gate:
     """Holds every background write until opened (or until the save is cancelled)."""
 
@@ -85,10 +93,7 @@ def test_a_background_save_holds_the_step_it_was_taken_at_while_training_changes
     g.close()
     (d,) = (tmp_path / "ckpt").glob("step_*")
     assert d.name == "step_000000005" and ckpt.verify(d).meta["background"] is True
-    back, back_opt = _model()
-    _train(back, back_opt)
-    state.apply(state.load(d), back, back_opt)
-    assert _equal(_state(back, back_opt), at5)  # the state of step 5, not of the steps after it
+    assert _holds(d, at5)  # the state of step 5, not of the steps after it
     # The same bytes a blocking save of that state writes.
     state.apply(state.load(d), model, opt)
     blocking = Guard(tmp_path / "b", "b", model=model, optimizer=opt, signal=None, registry_dir=tmp_path / "r2")
@@ -116,9 +121,7 @@ def test_the_next_periodic_save_waits_for_the_previous_and_says_so(
     assert any("step 2 waited" in m and "previous one to finish writing" in m for m in log), log
     names = sorted(d.name for d in (tmp_path / "ckpt").glob("step_*"))
     assert names == ["step_000000001", "step_000000002"]
-    back, back_opt = _model()
-    state.apply(state.load(tmp_path / "ckpt" / "step_000000002"), back, back_opt)
-    assert _equal(_state(back, back_opt), at2)
+    assert _holds(tmp_path / "ckpt" / "step_000000002", at2)
 
 
 def test_an_emergency_takes_the_disk_from_an_older_background_save(
@@ -141,9 +144,7 @@ def test_an_emergency_takes_the_disk_from_an_older_background_save(
         "step_000000002"
     ]  # step 1's partial directory removed, nothing else left behind
     assert any("background save of step 1 stopped for an emergency save" in m for m in log), log
-    back, back_opt = _model()
-    state.apply(state.load(tmp_path / "ckpt" / "step_000000002"), back, back_opt)
-    assert _equal(_state(back, back_opt), at2)
+    assert _holds(tmp_path / "ckpt" / "step_000000002", at2)
 
 
 def test_an_emergency_at_the_step_being_written_is_answered_by_that_write(

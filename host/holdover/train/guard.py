@@ -190,6 +190,7 @@ class Guard:
 
     def close(self) -> None:
         self._finish_background()  # the last periodic save lands before the run ends
+        self._snapshot.close()  # memory the size of the state
         self._closed.set()
         with self._cv:
             self._cv.notify_all()
@@ -619,6 +620,17 @@ class Guard:
         bg.thread.start()
         if self.interval:
             self.interval.saved(step, self.last_loss, stall)
+
+    @property
+    def writing(self) -> bool:
+        """A periodic save is still being written behind the loop."""
+        bg = self._bg
+        return bg is not None and bg.thread is not None and bg.thread.is_alive()
+
+    def wait_background(self) -> float:
+        """Waits until a background save still writing is on disk (or failed, and logged); the
+        seconds waited. `close()` and every other save do this themselves."""
+        return self._finish_background()
 
     def _finish_background(self, cancel: bool = False, wait: bool = True) -> float:
         """Waits for the background save (or stops it: `cancel`) and does its bookkeeping on this
