@@ -5,6 +5,11 @@ save, and is answered by one of its own step."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -172,3 +177,30 @@ def test_an_emergency_at_the_step_being_written_is_answered_by_that_write(
     assert req["step"] == 3 and Path(req["dir"]).name == "step_000000003", req
     assert sorted(d.name for d in (tmp_path / "ckpt").glob("step_*")) == ["step_000000003"]
     assert ckpt.pinned(Path(req["dir"]))  # asked for in a cut: kept out of rotation like any emergency save
+
+
+def test_kill_9_during_a_background_write_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
+    """The toy run (a 200 MB state, a background save every 2 steps) killed -9 while a background
+    write is half done: the checkpoint before it verifies, and the next run resumes from it."""
+    ck = tmp_path / "ckpt"
+    argv = [sys.executable, "-m", "holdover.train.toy", "--ckpt", str(ck), "--registry", str(tmp_path / "reg")]
+    argv += ["--width", "2048", "--depth", "4", "--every", "2", "--shard-bytes", str(50 << 20)]
+    p = subprocess.Popen([*argv, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ck.is_dir() and any(ck.glob("step_*")) and any(ck.glob(".tmp-step_*"))):
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() else "timed out"
+            time.sleep(0.002)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+    finally:
+        p.kill()
+        p.communicate()
+    half = list(ck.glob(".tmp-step_*"))
+    assert half, "the write finished before the kill: nothing was interrupted"
+    newest = ckpt.candidates(ck)[0]
+    assert ckpt.verify(newest).step < int(half[0].name.split("_")[1].split("-")[0])
+    again = subprocess.run([*argv, "--steps", "1"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    first = json.loads(again.stdout.splitlines()[0])
+    assert first == {"resumed": ckpt.verify(newest).step}, (first, again.stderr[-2000:])
