@@ -118,6 +118,13 @@ def test_one_cut_asked_of_each_rank_a_step_apart_is_one_save(tmp_path: Path) -> 
         assert _saved(tmp_path / "b", rank) == ["step_000000003", "step_000000004"]
     assert out[1][-1]["requests"][0]["step"] == 4
 
+    # A second request to rank 1 a step later still is the next cut: a bridge asks a rank once a
+    # cut, so a save answers one late request, never two.
+    out = _run(tmp_path / "c", 8, "3@0,4@1,5@1")
+    for rank in (0, 1):
+        assert _saved(tmp_path / "c", rank) == ["step_000000003", "step_000000005"]
+    assert [r["step"] for r in out[1][-1]["requests"]] == [3, 5]
+
 
 def test_a_request_to_stop_after_the_save_stops_every_rank_at_that_step(tmp_path: Path) -> None:
     """Only rank 0's bridge has asked yet, with after=exit: both ranks save step 3 and both stop

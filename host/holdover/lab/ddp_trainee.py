@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="steps to ask a save at, as a bridge would: 3,6 on every rank; 3@0 on rank 0 only; 3:exit to stop after",
     )
-    ap.add_argument("--join-window", type=float, default=5.0, help="the Guard's join_window_s")
+    ap.add_argument("--join-window", type=float, default=2.0, help="the Guard's join_window_s")
     ap.add_argument("--stall-save", type=float, default=None, help="the Guard's stall_save_s (0: off)")
     ap.add_argument("--save-every", type=int, default=0, help="a periodic save every N steps")
     ap.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's collective timeout, s")

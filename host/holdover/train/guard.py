@@ -74,7 +74,7 @@ class Guard:
         drift_check_steps: int = 20,
         stall_save_s: float | None = None,
         boundary_wait_s: float = 2.0,
-        join_window_s: float = 5.0,
+        join_window_s: float = 2.0,
         background: bool = True,
         log: Log = _stderr,
     ) -> None:
@@ -134,8 +134,10 @@ class Guard:
         self.stall_save_s = stall_save_s
         self.boundary_wait_s = boundary_wait_s
         # With a bridge on every node, one cut reaches the ranks as several requests some ms
-        # apart: one that reaches this rank this soon after an emergency save the ranks agreed on
-        # for another rank's request is the same cut, answered by that save (one save per cut).
+        # apart: the first that reaches this rank this soon after an emergency save the ranks
+        # agreed on for another rank's request is the same cut, answered by that save (one save
+        # per cut). Only the first: a bridge asks each rank once a cut, so a second request is
+        # the next cut (the bench's cuts come 1.5 s apart), however soon it comes.
         self.join_window_s = join_window_s
         self._agreed: tuple[int, float] | None = None  # (step, wall time) of such a save
         # Periodic saves copy the state at the boundary and are written while training goes on;
@@ -362,10 +364,11 @@ class Guard:
                 for r in rids
                 if self._requests[r]["requested"] - began <= self.join_window_s
                 and (stopping or self._requests[r].get("after") != "exit")
-            ]
+            ][:1]
             for r in late:
                 self._queue.remove(r)
         if late:
+            self._agreed = None
             _step, directory, manifest = self._last
             self._done_with(late, directory, manifest, 0.0, step=step, joined=True)
         return [r for r in rids if r not in late]
