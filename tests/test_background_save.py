@@ -80,16 +80,24 @@ def _guard(tmp: Path, model: Any, opt: Any, log: list[str], **kw: Any) -> Guard:
     ).start()
 
 
-def test_a_background_save_holds_the_step_it_was_taken_at_while_training_changes_everything(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _writing(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, step: int, **kw: Any
+) -> tuple[Gate, Any, Any, list[str], Guard]:
+    """A Guard whose periodic save of `step` has begun and is held at the gate."""
     gate = Gate(monkeypatch)
     model, opt = _model()
     log: list[str] = []
-    g = _guard(tmp_path, model, opt, log, interval=5)
-    at5 = _state(model, opt)
-    g.step_end(5)  # due: copied now, written behind the loop
+    g = _guard(tmp, model, opt, log, **kw)
+    g.step_end(step)
     assert gate.started.wait(5)
+    return gate, model, opt, log, g
+
+
+def test_a_background_save_holds_the_step_it_was_taken_at_while_training_changes_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate, model, opt, _log, g = _writing(tmp_path, monkeypatch, 5, interval=5)  # copied, written behind
+    at5 = _state(model, opt)  # step_end changed nothing: the state it copied
     for _ in range(3):  # every parameter and moment changes while the write waits
         _train(model, opt)
     assert not _equal(_state(model, opt), at5)
@@ -111,12 +119,7 @@ def test_a_background_save_holds_the_step_it_was_taken_at_while_training_changes
 def test_the_next_periodic_save_waits_for_the_previous_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate = Gate(monkeypatch)
-    model, opt = _model()
-    log: list[str] = []
-    g = _guard(tmp_path, model, opt, log, interval=1)
-    g.step_end(1)
-    assert gate.started.wait(5)
+    gate, model, opt, log, g = _writing(tmp_path, monkeypatch, 1, interval=1)
     threading.Timer(0.3, gate.open.set).start()
     _train(model, opt)
     at2 = _state(model, opt)
@@ -132,12 +135,8 @@ def test_the_next_periodic_save_waits_for_the_previous_and_says_so(
 def test_an_emergency_takes_the_disk_from_an_older_background_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate = Gate(monkeypatch)  # never opened: the background write of step 1 is still waiting
-    model, opt = _model()
-    log: list[str] = []
-    g = _guard(tmp_path, model, opt, log, interval=1)
-    g.step_end(1)
-    assert gate.started.wait(5)
+    # The gate never opened: the background write of step 1 is still waiting.
+    _gate, model, opt, log, g = _writing(tmp_path, monkeypatch, 1, interval=1)
     _train(model, opt)
     at2 = _state(model, opt)
     rid = g.request("mains_lost")
@@ -158,12 +157,7 @@ def test_an_emergency_at_the_step_being_written_is_answered_by_that_write(
     """The loop stops after a periodic save began (here: it never calls step_end again); the
     watchdog's emergency save of the same step waits for the background write instead of
     writing the step twice, and reports done once it is durable."""
-    gate = Gate(monkeypatch)
-    model, opt = _model()
-    log: list[str] = []
-    g = _guard(tmp_path, model, opt, log, interval=3, boundary_wait_s=0.2, stall_save_s=0)
-    g.step_end(3)
-    assert gate.started.wait(5)
+    gate, _m, _opt, _log, g = _writing(tmp_path, monkeypatch, 3, interval=3, boundary_wait_s=0.2, stall_save_s=0)
     rid = g.request("mains_lost")
     time.sleep(0.6)  # past boundary_wait_s: the watchdog is waiting on the write
     assert g.requests()[rid]["state"] == "queued"
