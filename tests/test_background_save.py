@@ -120,9 +120,10 @@ def test_the_next_periodic_save_waits_for_the_previous_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate, model, opt, log, g = _writing(tmp_path, monkeypatch, 1, interval=1)
-    threading.Timer(0.3, gate.open.set).start()
     _train(model, opt)
     at2 = _state(model, opt)
+    # Opened 0.3 s from now, from another thread: the wait is counted from step_end on.
+    threading.Timer(0.3, gate.open.set).start()
     g.step_end(2)  # the buffer of step 1's snapshot is still being written: wait, then copy
     g.close()
     assert [s[0] for s in g.stalls] == [1, 2] and g.stalls[1][2] >= 0.2, g.stalls
