@@ -340,7 +340,8 @@ class Guard:
             with self._lock:
                 self._take(step, extra, pending, "emergency" if decision >= _EMERGENCY else "periodic")
             if self.world > 1:
-                if self._bg is not None and self._bg.step == step:
+                bg = self._bg  # read once, as in _take
+                if bg is not None and bg.step == step:
                     self._uncounted = step
                 else:
                     self._complete(step)
@@ -456,10 +457,11 @@ class Guard:
         if kind == "periodic" and self.background:
             self._save_background(step, extra)
             return
-        if self._bg is not None:
+        bg = self._bg  # read once: the other thread (loop or watchdog) may reap it meanwhile
+        if bg is not None:
             # This step's snapshot already on its way answers an emergency once durable; an older
             # one gives the disk to the emergency save.
-            self._finish_background(cancel=self._bg.step != step)
+            self._finish_background(cancel=bg.step != step)
         with self._cv:
             for rid in rids:
                 self._queue.remove(rid)
