@@ -310,7 +310,10 @@ class Sentinel:
 
     def _uptime_at(self, ticks):
         """A moment on the board's clock (ticks_ms), as uptime ms: what events carry."""
-        return self.uptime_ms() - self.board.ticks_diff(self.board.ticks_ms(), ticks)
+        # From the uptime's own reading of the clock: a second read may be a ms on, and the
+        # suspect and the loss of one edge would then carry two times.
+        up = self.uptime_ms()
+        return up - self.board.ticks_diff(self._up_last, ticks)
 
     def _mains_tier(self, dip_ms, last):
         # A suspicion (dip_ms None) or the dip it ended as, dated from the last mains edge.

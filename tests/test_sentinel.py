@@ -496,6 +496,13 @@ def test_ntp_sets_the_clock_once_the_uplink_is_up(rig_factory) -> None:
         rig = rig_factory(firmware={**RELAY, "ntp": {"host": "127.0.0.1", "port": ntp.port}, "heartbeat_s": 1})
         wait_for(lambda: ntp.requests, 15, "an NTP query")
         hb = rig.wait("heartbeat", 10, since=time.monotonic())
+
+        def stamped() -> bool:
+            # The query seen is not the answer applied: a heartbeat may go out between the two.
+            with Journal(rig.dir / "journal.db", readonly=True) as j:
+                return j.events(kind="heartbeat", limit=1)[0].ts is not None
+
+        wait_for(stamped, 10, "a heartbeat stamped with the board's wall time")
         with Journal(rig.dir / "journal.db", readonly=True) as j:
             ev = j.events(kind="heartbeat", limit=1)[0]
             boot = j.events(kind="boot", limit=1)[0]
