@@ -5,6 +5,7 @@ save, and is answered by one of its own step."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import torch
 
 from holdover.train import ckpt, state
 from holdover.train import guard as guard_mod
+from holdover.train.ckpt import snapshot as snapshot_mod
 from holdover.train.guard import Guard
 
 
@@ -199,3 +201,47 @@ def test_kill_9_during_a_background_write_leaves_the_previous_checkpoint_whole(t
     assert again.returncode == 0, again.stderr[-2000:]
     first = json.loads(again.stdout.splitlines()[0])
     assert first == {"resumed": ckpt.verify(newest).step}, (first, again.stderr[-2000:])
+
+
+@pytest.mark.parametrize("short", ["room", "mmap"])
+def test_with_no_memory_for_a_snapshot_periodic_saves_run_in_the_loop_and_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short: str
+) -> None:
+    """A snapshot buffer the size of the state that would leave less than the headroom free (or
+    that the kernel refuses) is not made: the periodic save is written in the loop, said once, and
+    the background comes back when memory does."""
+    room = {"bytes": 0}
+    if short == "room":  # what memory.room() reads: MemAvailable, or a cgroup's limit less its use
+        monkeypatch.setattr(guard_mod.memory, "room", lambda: room["bytes"])
+    else:
+        real = snapshot_mod.StagingBuffer
+
+        def buffer(size: int) -> Any:
+            if room["bytes"] == 0:
+                raise OSError(errno.ENOMEM, "Cannot allocate memory")
+            return real(size)
+
+        monkeypatch.setattr(snapshot_mod, "StagingBuffer", buffer)
+    model, opt = _model()
+    log: list[str] = []
+    g = _guard(tmp_path, model, opt, log, interval=1)
+    want = {}
+    for step in (1, 2, 3):
+        if step == 3:
+            room["bytes"] = 64 << 30
+        want[step] = _state(model, opt)
+        g.step_end(step)
+        if step < 3:  # on disk when step_end returns: written in the loop
+            d = tmp_path / "ckpt" / f"step_{step:09d}"
+            assert ckpt.verify(d).meta.get("background") is None
+        _train(model, opt)
+    g.close()
+    said = [m for m in log if "written in the loop" in m]
+    assert len(said) == 1 and "step 1" in said[0], log  # once, not every save
+    assert ("needs" in said[0] and "GB is free" in said[0]) if short == "room" else "could not be made" in said[0]
+    assert g.warnings == [said[0].removeprefix("holdover: ")]
+    assert any("in the background again from step 3" in m for m in log), log
+    assert [s[0] for s in g.stalls] == [3]
+    assert ckpt.verify(tmp_path / "ckpt" / "step_000000003").meta["background"] is True
+    for step, st in want.items():
+        assert _holds(tmp_path / "ckpt" / f"step_{step:09d}", st), step

@@ -40,10 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from holdover.train import ckpt, job, registry
+from holdover.train import ckpt, job, memory, registry
 from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, drift, warmup_factor
 
 Log = Callable[[str], None]
+
+# Left free after a snapshot buffer is made: what the loop's own allocations (a batch, activations
+# on a CPU run) may still take. A snapshot that would eat into it is not made: an OOM kill of the
+# run by its own checkpointing is the worst outcome there is.
+SNAPSHOT_HEADROOM = 1 << 30
 
 
 def _stderr(msg: str) -> None:
@@ -144,6 +149,8 @@ class Guard:
         # the loop pays the copy (and a wait when the previous save is still writing).
         self.background = background
         self._snapshot = ckpt.Snapshot()
+        self._stager: ckpt.Stager | None = None  # made on the first snapshot with a tensor on a GPU
+        self._no_room: str | None = None  # why the last periodic save ran in the loop, not behind it
         self._bg: _Background | None = None
         self._bg_lock = threading.Lock()
         self._uncounted: int | None = None  # a background step whose job record waits for the next vote
@@ -454,8 +461,7 @@ class Guard:
             self._take(at, self._at_extra, rids, "stalled" if not rids else "emergency", rng=self._at_rng)
 
     def _take(self, step: int, extra: dict[str, Any] | None, rids: list[str], kind: str, rng: Any = None) -> None:
-        if kind == "periodic" and self.background:
-            self._save_background(step, extra)
+        if kind == "periodic" and self.background and self._save_background(step, extra):
             return
         bg = self._bg  # read once: the other thread (loop or watchdog) may reap it meanwhile
         if bg is not None:
@@ -563,15 +569,18 @@ class Guard:
             meta["collective_free"] = True  # saved while the loop was stuck: no rank agreed on it
         return meta
 
-    def _capture(self, step: int, extra: dict[str, Any] | None, rng: Any) -> tuple[list[ckpt.Shard], dict[str, bytes]]:
-        """The state as shards over its live memory, and train.json."""
+    def _capture(
+        self, step: int, extra: dict[str, Any] | None, rng: Any, on_device: bool = False
+    ) -> tuple[list[ckpt.Shard], dict[str, bytes]]:
+        """The state as shards over its live memory, and train.json; GPU tensors copied to the
+        host, or left there (`on_device`) for the snapshot to stage."""
         if self.capture is not None:
             shards, train = self.capture(step, extra)
             return list(shards), {ckpt.TRAIN_JSON: json.dumps(train).encode()}
         from holdover.train import state  # torch only when a save actually happens
 
         cap = state.capture(
-            self.model, self.optimizer, self.scheduler, extra, step, self.shard_bytes, self.threads, rng
+            self.model, self.optimizer, self.scheduler, extra, step, self.shard_bytes, self.threads, rng, on_device
         )
         return cap.shards, {ckpt.TRAIN_JSON: json.dumps(cap.train).encode()}
 
@@ -594,9 +603,10 @@ class Guard:
         )
         self._publish()
 
-    def _save_background(self, step: int, extra: dict[str, Any] | None) -> None:
+    def _save_background(self, step: int, extra: dict[str, Any] | None) -> bool:
         """A periodic save: the state copied at this boundary and written by a thread while the
-        loop goes on. The adaptive interval is charged what the loop paid (copy and wait)."""
+        loop goes on. The adaptive interval is charged what the loop paid (copy and wait). False
+        when there is no memory for the copy: the caller saves in the loop instead."""
         t0 = time.monotonic()
         waited = self._finish_background()  # its snapshot buffer is the one about to be reused
         if waited >= 0.001:
@@ -606,8 +616,22 @@ class Guard:
         meta = self._meta("periodic")
         meta["background"] = True
         with self._lock:
-            shards, blobs = self._capture(step, extra, None)
-            shards = self._snapshot.take(shards, self.threads)
+            shards, blobs = self._capture(step, extra, None, on_device=True)
+            if not self._room_for_snapshot(step, shards):
+                return False
+            if self._stager is None and any(t.device.startswith("cuda") for s in shards for t in s.tensors):
+                from holdover.train.device import CudaStager  # CUDA only for a state that has it
+
+                self._stager = CudaStager(self.log)
+            try:
+                shards = self._snapshot.take(shards, self.threads, self._stager)
+            except (MemoryError, OSError) as e:  # the buffer could not be made (mmap: ENOMEM)
+                self._snapshot.close()
+                self._in_loop(step, f"the snapshot buffer could not be made: {e}")
+                return False
+            if self._no_room is not None:
+                self.log(f"holdover: periodic saves in the background again from step {step}: memory for the snapshot")
+                self._no_room = None
         stall = time.monotonic() - t0
         self.stalls.append((step, round(stall - waited, 6), round(waited, 6)))
         bg = _Background(step, threading.Event(), time.monotonic())
@@ -625,6 +649,29 @@ class Guard:
         bg.thread.start()
         if self.interval:
             self.interval.saved(step, self.last_loss, stall)
+        return True
+
+    def _room_for_snapshot(self, step: int, shards: list[ckpt.Shard]) -> bool:
+        """Whether a snapshot buffer for `shards` fits in memory with the headroom left."""
+        need = ckpt.Snapshot.size_of(shards) - self._snapshot.nbytes
+        room = memory.room() if need > 0 else 0
+        if need > 0 and need + SNAPSHOT_HEADROOM > room:
+            # The old, smaller buffer too: memory is short and the loop's save does not use it.
+            self._snapshot.close()
+            self._in_loop(
+                step,
+                f"a background snapshot needs {need / 1e9:.2f} GB more and {room / 1e9:.2f} GB is free "
+                f"({SNAPSHOT_HEADROOM / 1e9:.2f} GB kept for the loop)",
+            )
+            return False
+        return True
+
+    def _in_loop(self, step: int, why: str) -> None:
+        if self._no_room is None:
+            msg = f"periodic save at step {step} written in the loop (it stops training while it writes): {why}"
+            self.log(f"holdover: {msg}")
+            self.warnings.append(msg)
+        self._no_room = why
 
     @property
     def writing(self) -> bool:
@@ -739,11 +786,17 @@ class Guard:
         for d in ckpt.candidates(self.root):  # newest first: a step's newest generation wins
             steps.setdefault(int(d.name.partition(".")[0][len("step_") :]), d)
         why_bad: dict[int, str] = {}
+        # The step the model's tensors now hold. A step is checked by loading it (the hashes are
+        # checked as it is copied in), so the step the ranks agree on, usually this rank's newest,
+        # is read once, not verified and then read again. A load that failed halfway leaves a mix,
+        # which the load of the agreed step overwrites in full.
+        holds: dict[int, Any] = {}
 
         def good(step: int) -> bool:
             if step not in why_bad:
+                holds.clear()
                 try:
-                    ckpt.verify(steps[step], self.threads)
+                    holds[step] = self._load(steps[step])
                     why_bad[step] = ""
                 except ckpt.CheckpointError as e:
                     self.log(f"holdover: skipping damaged checkpoint {steps[step].name}: {e}")
@@ -761,7 +814,8 @@ class Guard:
                 self._set_aside(damaged)
                 if mine > agreed:
                     self.log(f"holdover: rank {self.rank} has step {mine}, not every rank does: loading {agreed}")
-                return self._resumed(self._load(steps[agreed]), steps[agreed], damaged)
+                loaded = holds[agreed] if agreed in holds else self._load(steps[agreed])
+                return self._resumed(loaded, steps[agreed], damaged)
             bound = agreed - 1
         # No step every rank has: the job starts fresh, unless a rank had checkpoints and every one
         # of them is damaged, which stops every rank alike.

@@ -41,10 +41,6 @@ class _Place:
     after: Callable[[], None] | None = None  # copies a stand-in into a destination it could not view
 
 
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
-
-
 Maker = Callable[[str, list[int], torch.dtype], "torch.Tensor | None"]
 
 
@@ -187,16 +183,17 @@ def _places(
             raise DoesNotFit(f"{name}: {key} is in the checkpoint and nowhere in the model or optimizer")
         if list(t.shape) != shape or t.dtype != dtype:
             raise DoesNotFit(f"{name}: {key} is {dtype} {shape} in the checkpoint, {t.dtype} {list(t.shape)} here")
-        if t.device.type == "cpu" and t.is_contiguous():
-            out.append(_Place(start + b, start + e, _flat_bytes(t.detach())))
+        if t.is_contiguous():
+            # On a GPU too: its bytes viewed on the device, each checked chunk copied in from the
+            # reader's staging buffer (synchronously: the buffer is reused for the next chunk).
+            out.append(_Place(start + b, start + e, state.flat_bytes(t.detach())))
         else:
-            # Not viewable as bytes in place (strided, or on a device): filled on the host, then
-            # one copy_ into it.
+            # Not viewable as bytes in place (strided): filled on the host, then one copy_ into it.
             stand_in = torch.empty(shape, dtype=dtype)
 
             def after(t: torch.Tensor = t, s: torch.Tensor = stand_in) -> None:
                 with torch.no_grad():
                     t.copy_(s)
 
-            out.append(_Place(start + b, start + e, _flat_bytes(stand_in), after))
+            out.append(_Place(start + b, start + e, state.flat_bytes(stand_in), after))
     return out

@@ -41,14 +41,22 @@ OPT = "optim/"
 RNG = "rng/"
 
 
-def _entry(name: str, t: torch.Tensor) -> ckpt.Tensor:
+def _entry(name: str, t: torch.Tensor, on_device: bool = False) -> ckpt.Tensor:
     t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")  # the device-to-host staging copy; on CPU the save reads live memory
-    t = t.contiguous()
     if t.dtype not in DTYPES:
         raise ckpt.CheckpointError(f"tensor {name}: dtype {t.dtype} has no safetensors code")
-    return ckpt.Tensor(name, DTYPES[t.dtype], list(t.shape), t.data_ptr(), t.numel() * t.element_size(), t)
+    nbytes = t.numel() * t.element_size()
+    if t.device.type != "cpu":
+        if on_device and t.device.type == "cuda":  # left there: a Snapshot copies it into its pinned buffer
+            return ckpt.Tensor(name, DTYPES[t.dtype], list(t.shape), 0, nbytes, t.contiguous(), str(t.device))
+        t = t.to("cpu")  # the device-to-host staging copy; on CPU the save reads live memory
+    t = t.contiguous()
+    return ckpt.Tensor(name, DTYPES[t.dtype], list(t.shape), t.data_ptr(), nbytes, t)
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's own bytes as a flat uint8 view, on its own device."""
+    return t.reshape(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
 
 
 def layer_of(key: str) -> str:
@@ -117,9 +125,11 @@ def capture(
     shard_bytes: int | None = None,
     threads: int = ckpt.THREADS,
     rng: Rng | None = None,
+    on_device: bool = False,
 ) -> Captured:
     """Describe the whole training state as shards (no copy on CPU) plus a JSON part; the RNGs as
-    they are now, or as `rng` holds them."""
+    they are now, or as `rng` holds them. Tensors on a GPU are copied to the host here, or with
+    `on_device` left there for a Snapshot to stage."""
     groups: dict[str, list[ckpt.Tensor]] = {}
     order: list[str] = []
 
@@ -134,7 +144,7 @@ def capture(
     for key, t in model.state_dict(keep_vars=False).items():
         layer = layer_of(key)
         param_layer[key] = layer
-        add(layer, _entry(key, t))
+        add(layer, _entry(key, t, on_device))
 
     train: dict[str, Any] = {"step": step, "extra": _jsonable(extra or {}, "extra")}
     if optimizer is not None:
@@ -145,7 +155,7 @@ def capture(
             pname = names.get(id(flat[idx]), f"param{idx}")
             for k, v in st.items():
                 if isinstance(v, torch.Tensor):
-                    add(param_layer.get(pname, layer_of(pname)), _entry(f"{OPT}{pname}/{k}", v))
+                    add(param_layer.get(pname, layer_of(pname)), _entry(f"{OPT}{pname}/{k}", v, on_device))
                 else:
                     scalars.setdefault(pname, {})[k] = _jsonable(v, f"optimizer.state.{pname}.{k}")
         train["optimizer"] = {

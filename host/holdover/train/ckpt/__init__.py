@@ -56,7 +56,7 @@ from holdover.train.ckpt.format import (
     step_dirname,
 )
 from holdover.train.ckpt.read import read_all, read_blob, read_header, read_into, read_manifest, verify
-from holdover.train.ckpt.snapshot import Snapshot
+from holdover.train.ckpt.snapshot import Snapshot, Stager
 from holdover.train.ckpt.store import candidates, newest_verified, pin, pinned, prune, set_aside
 from holdover.train.ckpt.write import save
 
@@ -80,6 +80,7 @@ __all__ = [
     "Progress",
     "Shard",
     "Snapshot",
+    "Stager",
     "Tensor",
     "candidates",
     "chunk_size",

@@ -48,6 +48,9 @@ class Tensor:
     address: int
     nbytes: int
     keepalive: Any = None  # the object owning the memory, held until the write is done
+    # "cpu": the bytes are host memory at address. Anything else names the device the tensor
+    # (keepalive) lives on; a Snapshot copies it to host memory before anything reads it.
+    device: str = "cpu"
 
     @classmethod
     def from_buffer(cls, name: str, dtype: str, shape: list[int], buf: bytes | bytearray | memoryview) -> Tensor:

@@ -6,18 +6,36 @@ that is consistent by construction: a copy-on-write fork of a multi-threaded tra
 deadlock in the child (locks held by threads that do not exist there) and pays a page fault per
 page the parent then writes, which is every page of the model. The buffer is kept for the next
 snapshot, so first-touch of fresh memory (about as dear as the copy itself on this VM) is paid once.
+
+Tensors on a device (a GPU) are copied into the same buffer by a Stager the caller hands in
+(holdover.train.device for CUDA): the buffer is pinned once, when made, so the device-to-host
+copies are DMA on a side stream; they run while the host tensors are copied here, and take returns
+once both are done. This module never imports torch: a CPU-only run never reaches CUDA.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from holdover.train.ckpt.engine import THREADS, StagingBuffer, run_jobs
-from holdover.train.ckpt.format import Shard, Tensor
+from holdover.train.ckpt.format import CheckpointError, Shard, Tensor
 
 PIECE = 64 << 20  # copy jobs: large tensors split so every thread has work
 ALIGN_TENSOR = 64  # each tensor's copy starts on a cache line, as torch's allocator places them
+
+
+class Stager(Protocol):
+    """Copies device tensors into host memory."""
+
+    def pin(self, address: int, size: int) -> Callable[[], None]:
+        """Page-locks host memory for DMA; returns what undoes it."""
+        ...
+
+    def to_host(self, items: Sequence[tuple[int, Any, int]]) -> Callable[[], None]:
+        """Starts copying each (host address, device tensor, bytes); returns what waits for all."""
+        ...
 
 
 class Snapshot:
@@ -25,43 +43,72 @@ class Snapshot:
 
     def __init__(self) -> None:
         self.buf: StagingBuffer | None = None
+        self._unpin: Callable[[], None] | None = None
 
     @property
     def nbytes(self) -> int:
         return self.buf.size if self.buf else 0
 
-    def take(self, shards: Sequence[Shard], threads: int = THREADS) -> list[Shard]:
-        """Copies every tensor of `shards` into the buffer (on `threads` threads) and returns the
-        same shards pointing at the copies. The copies hold until the next take: the save written
-        from them must finish (or be cancelled) before then."""
-        offsets: list[int] = []
-        total = 0
-        for s in shards:
-            for t in s.tensors:
-                offsets.append(total)
-                total += -(-t.nbytes // ALIGN_TENSOR) * ALIGN_TENSOR
-        if self.buf is None or self.buf.size < total:
-            if self.buf is not None:
-                self.buf.close()
+    def take(self, shards: Sequence[Shard], threads: int = THREADS, stager: Stager | None = None) -> list[Shard]:
+        """Copies every tensor of `shards` into the buffer (on `threads` threads; tensors on a
+        device through `stager`) and returns the same shards pointing at the copies, all in host
+        memory. The copies hold until the next take: the save written from them must finish (or
+        be cancelled) before then."""
+        on_device = next((t for s in shards for t in s.tensors if t.device != "cpu"), None)
+        if on_device is not None and stager is None:
+            raise CheckpointError(f"{on_device.name} is on {on_device.device} and no stager copies it to the host")
+        offsets, total = _layout(shards)
+        if self.buf is None or self.buf.size < total or (on_device is not None and self._unpin is None):
+            self.close()
             self.buf = StagingBuffer(max(total, 1))
+            if on_device is not None and stager is not None:
+                # Pinned once per buffer: registering GBs of pages costs about as much as a copy.
+                self._unpin = stager.pin(self.buf.address, self.buf.size)
         base = self.buf.address
         jobs: list[tuple[int, int, int]] = []  # (destination, source, length)
+        device: list[tuple[int, Any, int]] = []  # (destination, device tensor, length)
         out: list[Shard] = []
         k = 0
         for s in shards:
             copied = []
             for t in s.tensors:
                 dst = base + offsets[k]
-                for a in range(0, t.nbytes, PIECE):
+                if t.device != "cpu":
+                    device.append((dst, t.keepalive, t.nbytes))
+                for a in range(0, t.nbytes if t.device == "cpu" else 0, PIECE):
                     jobs.append((dst + a, t.address + a, min(PIECE, t.nbytes - a)))
                 copied.append(Tensor(t.name, t.dtype, list(t.shape), dst, t.nbytes, self.buf))
                 k += 1
             out.append(Shard(s.name, copied, dict(s.metadata)))
+        wait = stager.to_host(device) if device and stager is not None else None
         # memmove releases the GIL, so the copies run in parallel like the writer's gathers.
-        run_jobs(jobs, threads, 0, lambda job, _st: ctypes.memmove(*job))
+        try:
+            run_jobs(jobs, threads, 0, lambda job, _st: ctypes.memmove(*job))
+        finally:
+            if wait is not None:
+                wait()  # the loop may change the device tensors again once this returns
         return out
 
+    @staticmethod
+    def size_of(shards: Sequence[Shard]) -> int:
+        """The buffer a snapshot of `shards` takes."""
+        return _layout(shards)[1]
+
     def close(self) -> None:
+        if self._unpin is not None:
+            self._unpin()
+            self._unpin = None
         if self.buf is not None:
             self.buf.close()
             self.buf = None
+
+
+def _layout(shards: Sequence[Shard]) -> tuple[list[int], int]:
+    """Each tensor's offset in the buffer, and the buffer's size."""
+    offsets: list[int] = []
+    total = 0
+    for s in shards:
+        for t in s.tensors:
+            offsets.append(total)
+            total += -(-t.nbytes // ALIGN_TENSOR) * ALIGN_TENSOR
+    return offsets, total

@@ -70,6 +70,10 @@ class FileWriter:
 
     @classmethod
     def shard(cls, directory: Path, shard: Shard) -> FileWriter:
+        on_device = next((t for t in shard.tensors if t.device != "cpu"), None)
+        if on_device is not None:
+            # Its address is not host memory: reading it would fault, not fail.
+            raise CheckpointError(f"{shard.name}: {on_device.name} is on {on_device.device}, not staged to host memory")
         header = safetensors_header(shard)
         hbuf = ctypes.create_string_buffer(header, len(header))
         parts = [(ctypes.addressof(hbuf), len(header))] + [(t.address, t.nbytes) for t in shard.tensors]
