@@ -18,6 +18,8 @@ files and the directory fsync'd inside the clock). Cases, each repeated and inte
              load_state_dict); time, and peak RSS above the built model (VmHWM, reset after building)
   dcp        torch.distributed.checkpoint.save, FileSystemWriter(thread_count=4)
   st x4      safetensors save_file per shard on 4 threads + fsync (holdover's shards, no hash)
+  buffered   holdover's writer with O_DIRECT off (fsync, pages dropped): what Guard(io="auto")
+             compares per device
   article    torch.save of one file + fsync, then MD5 of the file read back
   emergency  Guard: request -> step boundary -> done (pinned, rotation after `done`) -> verify, as
              the bridge does; against the ceiling's time to write plus read the same bytes
@@ -455,6 +457,7 @@ def stall(
                 interval=1,
                 keep=1,
                 background=background,
+                io="direct",  # what is measured here; "auto" would make the second save its buffered probe
                 log=log.append,
             )
             g.step_end(1)  # the first save warms the snapshot buffer, as a run's first one does
@@ -598,6 +601,11 @@ def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) ->
             cache()
             times.setdefault("safetensors x4 threads: save", []).append(timed(lambda: st_save(args.dir / "st", cap)))
             shutil.rmtree(args.dir / "st")
+            cache()
+            times.setdefault("ours, buffered + fsync: save", []).append(
+                timed(lambda: ckpt.save(args.dir / "buf", 1, cap.shards, direct=False))
+            )
+            shutil.rmtree(args.dir / "buf")
     best = ceiling(rates)
     # The higher of the two tools in each direction (the device can do at least that), and that
     # cell as it ran in each round: a ratio within one round does not move with the disk's drift
@@ -634,6 +642,14 @@ def run_state(spec: str, args: argparse.Namespace, cache: Cache, peers: bool) ->
             else ""
         )
         lines.append(f"{name:38} {len(ts):4} {dt:7.2f} {rate / 1e6:7.0f} {rate / ref[rw]:9.2f} {by_round}")
+    if peers:
+        ratio = statistics.median(
+            o / b for o, b in zip(times["ours: save"], times["ours, buffered + fsync: save"], strict=True)
+        )
+        lines.append(
+            f"buffered / O_DIRECT write rate on this device: {ratio:.2f} (by round): Guard(io='auto') "
+            f"{'keeps O_DIRECT' if ratio < ckpt.iomode.MARGIN else 'would choose buffered'} here"
+        )
     fresh = statistics.median(touch)
     resume = statistics.median(times["ours: resume (fresh process)"])
     floor_resume = nbytes / ref["read"] + nbytes / fresh

@@ -7,10 +7,13 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
+import pytest
 
+from holdover.board.emulator import EmulatorError
 from holdover.lab.broker import free_port
 from support import HOLDOVER, wait_for
 
@@ -114,3 +117,14 @@ def _answers(port: int) -> bool:
             return _reply(s)["ok"] is True
     except OSError:
         return False
+
+
+def test_an_emulator_that_exits_at_boot_is_named_at_once_with_its_last_words(rig_factory) -> None:
+    """A heap too small to boot in: the interpreter exits at once, and starting the rig says so
+    with what the board printed, rather than waiting out the control port's 15 s."""
+    t0 = time.monotonic()
+    with pytest.raises(
+        EmulatorError, match=r"the emulator exited before its control port .* answered; its last lines: \[.*\]"
+    ):
+        rig_factory(bridge=False, heap="2k")
+    assert time.monotonic() - t0 < 10

@@ -135,3 +135,38 @@ def test_a_request_to_stop_after_the_save_stops_every_rank_at_that_step(tmp_path
         assert _saved(tmp_path, rank) == ["step_000000003"]
     assert out[0][-1]["requests"][0]["state"] == "done"
     assert out[1][-1]["requests"] == []  # rank 1 stopped before its step 4 came
+
+
+def test_the_last_background_save_of_a_clean_end_is_recorded_complete(tmp_path: Path) -> None:
+    """Periodic saves every 3 steps, in the background: step 6's is written after the run's last
+    vote, so no collective gathers its done records. The rank that closes last finds both on this
+    (shared) disk and writes the complete record; where they are not (one disk a node, here: the
+    record removed), the next resume, which has every rank verify it, writes it."""
+    _run(tmp_path, 7, "", "--save-every", "3")
+    for rank in (0, 1):
+        assert _saved(tmp_path, rank) == ["step_000000003", "step_000000006"]
+    complete = tmp_path / "ckpt" / "complete"
+    assert sorted(p.name for p in complete.iterdir()) == ["step_000000003.json", "step_000000006.json"]
+    assert job.read(tmp_path / "ckpt").complete["step"] == 6
+    (complete / "step_000000006.json").unlink()
+    again = _run(tmp_path, 6)
+    assert [again[r][0]["resumed"] for r in (0, 1)] == [6, 6]
+    view = job.read(tmp_path / "ckpt")
+    assert view.complete["step"] == 6 and [r["rank"] for r in view.complete["ranks"]] == [0, 1]
+    for rank in (0, 1):
+        d = tmp_path / "ckpt" / f"rank{rank}" / "step_000000006"
+        assert view.complete["ranks"][rank]["manifest_sha256"] == job.manifest_sha256(d)
+
+
+def test_a_request_heard_after_the_ranks_stopped_is_answered_by_their_save(tmp_path: Path) -> None:
+    """Rank 0's bridge asked to save and exit at step 3; both ranks saved and stopped. Rank 1's
+    bridge heard the same cut a moment later, after rank 1 had left its loop: close() answers it
+    with step 3's save (joined), not with "the run stopped before saving"."""
+    out = _run(tmp_path, 8, "3@0:exit", "--late-ask")
+    for rank in (0, 1):
+        assert _saved(tmp_path, rank) == ["step_000000003"]
+    reqs = {rank: out[rank][-1]["requests"] for rank in (0, 1)}
+    assert reqs[1] == [{"state": "done", "step": 3, "after": "exit", "joined": True}], reqs
+    # Rank 0's own late ask came after the save it had asked for itself: only another rank's
+    # request is joined, and only the first, so this one finds the run gone.
+    assert [r["state"] for r in reqs[0]] == ["done", "failed"], reqs

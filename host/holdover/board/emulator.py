@@ -166,15 +166,19 @@ class Control:
         self.sock: socket.socket | None = None
         self._buf = b""
 
-    def connect(self, wait: float = 15.0) -> Control:
+    def connect(self, wait: float = 15.0, alive: Callable[[], bool] | None = None) -> Control:
+        """Connects once the port answers; `alive` says whether the emulator still runs, so one
+        that exited (a port it could not bind, a crash at boot) is named at once, not after `wait`."""
         deadline = time.monotonic() + wait
         while True:
             try:
                 self.sock = socket.create_connection(self.addr, timeout=self.timeout)
                 return self
             except OSError:
+                if alive is not None and not alive():
+                    raise EmulatorError(f"the emulator exited before its control port {self.addr} answered") from None
                 if time.monotonic() > deadline:
-                    raise EmulatorError(f"emulator control port {self.addr} not answering") from None
+                    raise EmulatorError(f"emulator control port {self.addr} not answering after {wait:.0f} s") from None
                 time.sleep(0.05)
 
     def raw(self, line: bytes) -> dict[str, Any]:

@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--join-window", type=float, default=2.0, help="the Guard's join_window_s")
     ap.add_argument("--stall-save", type=float, default=None, help="the Guard's stall_save_s (0: off)")
     ap.add_argument("--save-every", type=int, default=0, help="a periodic save every N steps")
+    ap.add_argument(
+        "--late-ask",
+        action="store_true",
+        help="when a request stops the run, ask this rank to save and exit once more before close() "
+        "(its node's bridge heard the cut after the ranks had saved for another's)",
+    )
     ap.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's collective timeout, s")
     ap.add_argument("--width", type=int, default=64, help="the model's width (its state: 12 x width^2 bytes)")
     args = ap.parse_args(argv)
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             if step in save_at:
                 guard.request("manual", after=save_at[step])
             if guard.step_end(step, loss=loss.item()):
+                if args.late_ask:
+                    guard.request("manual", after="exit")
                 break
             time.sleep(args.step_sleep)
     finally:

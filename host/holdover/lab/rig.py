@@ -18,7 +18,7 @@ from typing import Any
 import tomli_w
 
 from holdover import settings as settings_mod
-from holdover.board.emulator import DEFAULT_HEAP, Control, Emulator
+from holdover.board.emulator import DEFAULT_HEAP, Control, Emulator, EmulatorError
 from holdover.bridge import Bridge, BridgeThread
 from holdover.bridge.gate import Verdict
 from holdover.lab.broker import Broker, free_port
@@ -161,8 +161,12 @@ class Rig:
             ticks_start=self.ticks_start,
             counter=self.counter,
         )
-        self.emulator.start_thread()
-        self.control.connect()
+        running = self.emulator.start_thread()
+        try:
+            self.control.connect(alive=running.is_alive)
+        except EmulatorError as e:
+            # What the board said last: why it never listened (or is still booting).
+            raise EmulatorError(f"{e}; its last lines: {self.lines[-8:]}") from None
 
     def start_bridge(self, cfg: settings_mod.Settings) -> None:
         b = Bridge(cfg, on_verdict=self._verdict, on_hook=self._hook)

@@ -81,6 +81,7 @@ class Guard:
         boundary_wait_s: float = 2.0,
         join_window_s: float = 2.0,
         background: bool = True,
+        io: str = "auto",
         log: Log = _stderr,
     ) -> None:
         self.name = name or os.environ.get("HOLDOVER_RUN_NAME") or Path(sys.argv[0] or "train").stem or "train"
@@ -148,6 +149,11 @@ class Guard:
         # Periodic saves copy the state at the boundary and are written while training goes on;
         # the loop pays the copy (and a wait when the previous save is still writing).
         self.background = background
+        # How checkpoint files are written: "direct" (O_DIRECT), "buffered", or "auto": per device,
+        # the faster of the two as its first large periodic saves measured them (ckpt.iomode).
+        if io not in ("auto", "direct", "buffered"):
+            raise ValueError(f"io={io!r}: one of auto, direct, buffered")
+        self.io = io
         self._snapshot = ckpt.Snapshot()
         self._stager: ckpt.Stager | None = None  # made on the first snapshot with a tensor on a GPU
         self._no_room: str | None = None  # why the last periodic save ran in the loop, not behind it
@@ -199,6 +205,11 @@ class Guard:
 
     def close(self) -> None:
         self._finish_background()  # the last periodic save lands before the run ends
+        if self._uncounted is not None:
+            # Past the last vote: no collective is safe here (a rank may have left), so only what
+            # this disk shows; the next resume records it otherwise.
+            self._complete_from_disk(self._uncounted)
+            self._uncounted = None
         self._snapshot.close()  # memory the size of the state
         self._closed.set()
         with self._cv:
@@ -395,6 +406,19 @@ class Guard:
             missing = [r for r, rec in enumerate(records) if not rec]
             self.log(f"holdover: step {step} is not complete: rank(s) {missing} did not save it")
 
+    def _complete_from_disk(self, step: int) -> None:
+        records = [job.read_done(self.job_root, step, r) for r in range(self.world)]
+        if all(records):
+            try:
+                job.write_complete(self.job_root, step, self.world, [r for r in records if r])
+                return
+            except OSError as e:
+                self.log(f"holdover: could not write the job's record of step {step}: {e}")
+        self.log(
+            f"holdover: step {step} was saved as the run ended; the job's record of it is written when "
+            "the ranks resume (not every rank's done record is on this disk)"
+        )
+
     # --- the boundary and the watchdog ----------------------------------------------------------------
 
     def _mark(self, step: int, extra: dict[str, Any] | None) -> None:
@@ -545,14 +569,25 @@ class Guard:
         self._finish_background()
         meta = self._meta(reason)
         t0 = time.monotonic()
+        direct = self._direct(probe=reason == "periodic")
         with self._lock:
             shards, blobs = self._capture(step, extra, rng)
             directory, manifest = ckpt.save(
-                self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, progress=progress
+                self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, direct=direct, progress=progress
             )
             self._last = (step, directory, manifest)
+        self._learn_io(manifest, direct)
         self._saved(step, directory, manifest, time.monotonic() - t0, reason, pin, prune)
         return directory, manifest
+
+    def _direct(self, probe: bool) -> bool:
+        return self.io == "direct" or (self.io == "auto" and ckpt.iomode.direct(self.root, probe))
+
+    def _learn_io(self, manifest: ckpt.Manifest, direct: bool) -> None:
+        if self.io == "auto":
+            said = ckpt.iomode.learn(self.root, manifest, direct)
+            if said:
+                self.log(f"holdover: {said}")
 
     def _meta(self, reason: str) -> dict[str, Any]:
         meta = {
@@ -634,12 +669,19 @@ class Guard:
                 self._no_room = None
         stall = time.monotonic() - t0
         self.stalls.append((step, round(stall - waited, 6), round(waited, 6)))
-        bg = _Background(step, threading.Event(), time.monotonic())
+        bg = _Background(step, threading.Event(), time.monotonic(), self._direct(probe=True))
 
         def write() -> None:
             try:
                 bg.result = ckpt.save(
-                    self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, cancel=bg.cancel
+                    self.root,
+                    step,
+                    shards,
+                    meta=meta,
+                    blobs=blobs,
+                    threads=self.threads,
+                    direct=bg.direct,
+                    cancel=bg.cancel,
                 )
             except Exception as e:  # reported on the loop's thread (_finish_background)
                 bg.error = e
@@ -699,6 +741,7 @@ class Guard:
         waited = time.monotonic() - t0
         if bg.result is not None:
             directory, manifest = bg.result
+            self._learn_io(manifest, bg.direct)
             if not (self._last and self._last[0] > bg.step):
                 self._last = (bg.step, directory, manifest)
             self._saved(bg.step, directory, manifest, time.monotonic() - bg.started, "periodic", False, True)
@@ -815,6 +858,14 @@ class Guard:
                 if mine > agreed:
                     self.log(f"holdover: rank {self.rank} has step {mine}, not every rank does: loading {agreed}")
                 loaded = holds[agreed] if agreed in holds else self._load(steps[agreed])
+                # Every rank has verified this step: a job record it may lack (saved without a
+                # collective, or as the last run ended) is written now, while the ranks meet.
+                try:
+                    self._done = job.done_record(self.rank, agreed, steps[agreed])
+                except OSError as e:
+                    self.log(f"holdover: could not read step {agreed}'s manifest for the job's record: {e}")
+                    self._done = None
+                self._complete(agreed)
                 return self._resumed(loaded, steps[agreed], damaged)
             bound = agreed - 1
         # No step every rank has: the job starts fresh, unless a rank had checkpoints and every one
@@ -872,6 +923,7 @@ class _Background:
     step: int
     cancel: threading.Event
     started: float
+    direct: bool = True  # written with O_DIRECT (ckpt.iomode)
     thread: threading.Thread | None = None
     result: tuple[Path, ckpt.Manifest] | None = None
     error: Exception | None = None

@@ -11,7 +11,10 @@ A job's checkpoint root holds one directory a rank (``rank0/``, ``rank1/``, ...)
 On separate disks (one a node), each node sees its own ranks' done records and, for every step the
 ranks could still agree on, the same complete record. A step saved without a collective (the link
 between the nodes dead) has done records only: complete or not is settled at resume, when the ranks
-can talk again (`Guard.resume` loads only a step every rank has verified). The files are small
+can talk again (`Guard.resume` loads only a step every rank has verified, and writes its complete
+record). So is the last periodic save of a run that ended cleanly, written in the background after
+the last collective: at `close()` the complete record is written by a rank that finds every rank's
+done record on its disk (a shared filesystem), else at the next resume. The files are small
 JSON, written atomically; a damaged one is read as absent, never as complete.
 """
 
@@ -55,6 +58,12 @@ def done_record(rank: int, step: int, directory: Path) -> dict[str, Any]:
 
 def write_done(job_root: Path, record: dict[str, Any]) -> None:
     _write(job_root / DONE / f"{ckpt.step_dirname(record['step'])}.rank{record['rank']}.json", record)
+
+
+def read_done(job_root: Path, step: int, rank: int) -> dict[str, Any] | None:
+    """Rank `rank`'s done record of `step`, if this disk has it."""
+    d = _read(job_root / DONE / f"{ckpt.step_dirname(step)}.rank{rank}.json")
+    return d if d and d["step"] == step and d.get("rank") == rank else None
 
 
 def write_complete(job_root: Path, step: int, world: int, ranks: list[dict[str, Any]]) -> None:

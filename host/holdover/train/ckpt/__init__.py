@@ -28,11 +28,13 @@ a 4 KiB boundary, which the format allows), so ``safetensors.safe_open`` reads t
 
 This package has no torch dependency: a tensor is anything with an address and a length. Its rooms:
 ``format`` (the manifest and the file layout), ``engine`` (staging buffers, O_DIRECT handles, the
-thread pool), ``write``, ``read`` and ``store`` (the checkpoints of a run: newest, pinned, rotation).
+thread pool), ``write``, ``read``, ``store`` (the checkpoints of a run: newest, pinned, rotation),
+``snapshot`` (the copy a background save writes from) and ``iomode`` (O_DIRECT or buffered, per device).
 Everything public is here as ``holdover.train.ckpt.X``.
 """
 
 from holdover.files import fsync_dir
+from holdover.train.ckpt import iomode
 from holdover.train.ckpt.engine import CHUNK, MIN_CHUNK, STAGING, THREADS, chunk_size
 from holdover.train.ckpt.format import (
     ALIGN,
@@ -86,6 +88,7 @@ __all__ = [
     "chunk_size",
     "combine",
     "fsync_dir",
+    "iomode",
     "newest_verified",
     "parse_header",
     "pin",

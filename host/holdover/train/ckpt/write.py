@@ -210,6 +210,10 @@ def save(
                 if f.direct and f.size % ALIGN:
                     os.ftruncate(f.fd, f.size)
                 os.fsync(f.fd)
+                if not f.direct:
+                    # Clean after the fsync: dropped, so a checkpoint does not push the training's
+                    # own data out of the page cache (what O_DIRECT never puts there).
+                    os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         except OSError as e:
             raise _explain(e, tmp, total, root, free_before) from None
         finally:
@@ -219,7 +223,10 @@ def save(
         fsync_dir(tmp)
         if cancel is not None and cancel.is_set():
             raise CheckpointError(f"{tmp}: cancelled")
-        manifest = Manifest(step, [f.entry() for f in files], dict(meta or {}), time.time())
+        meta = dict(meta or {})
+        # How the bytes went to the disk (O_DIRECT may be refused, as by tmpfs): what iomode learns from.
+        meta["io"] = "direct" if all(f.direct for f in files if f.size) else "buffered"
+        manifest = Manifest(step, [f.entry() for f in files], meta, time.time())
         manifest.seconds = round(time.monotonic() - t0, 6)
         try:
             write_atomic(tmp / MANIFEST, manifest.to_json())  # fsync'd, and the directory with it
