@@ -517,6 +517,8 @@ def test_a_week_of_history_is_plotted_with_times_units_and_a_chosen_span(tmp_pat
                     try:
                         for name, size in (("laptop", (1280, 900)), ("phone", (412, 915))):
                             page = browser.new_page(viewport=dict(zip(("width", "height"), size, strict=True)))
+                            listed: list[str] = []
+                            page.on("request", lambda r, seen=listed: seen.append(r.url))
                             page.goto(str(client.base_url))
                             charts = page.locator(".chart canvas")
                             charts.nth(2).wait_for(timeout=10000)
@@ -526,6 +528,8 @@ def test_a_week_of_history_is_plotted_with_times_units_and_a_chosen_span(tmp_pat
                             # for the 2 hours the bridge was down.
                             six = int(page.locator('.chart[data-chart="ups"]').get_attribute("data-points"))
                             assert 240 <= six <= 243, six
+                            # The tiles and the plots draw from one list of sentinels, fetched once.
+                            assert sum(u.endswith("/api/sentinels") for u in listed) == 1, listed
                             page.click('#ranges button[data-h="168"]')
                             page.wait_for_selector('.chart[data-chart="ups"][data-hours="168"] canvas', timeout=5000)
                             assert page.locator('#ranges button[aria-pressed="true"]').inner_text() == "7 d"
