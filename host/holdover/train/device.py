@@ -78,7 +78,5 @@ class CudaStager:
         def wait() -> None:
             for e in events:
                 e.synchronize()
-            del group_refs[:]  # the device tensors may go once their bytes are on the host
 
-        group_refs = list(items)
         return wait

@@ -398,26 +398,27 @@ class Guard:
         mine = self._done if self._done and self._done["step"] == step else None
         records = _gather(mine, self.world)
         if all(records):
-            try:
-                job.write_complete(self.job_root, step, self.world, records)
-            except OSError as e:
-                self.log(f"holdover: could not write the job's record of step {step}: {e}")
+            self._write_complete(step, records)
         else:
             missing = [r for r, rec in enumerate(records) if not rec]
             self.log(f"holdover: step {step} is not complete: rank(s) {missing} did not save it")
 
     def _complete_from_disk(self, step: int) -> None:
         records = [job.read_done(self.job_root, step, r) for r in range(self.world)]
-        if all(records):
-            try:
-                job.write_complete(self.job_root, step, self.world, [r for r in records if r])
-                return
-            except OSError as e:
-                self.log(f"holdover: could not write the job's record of step {step}: {e}")
+        if all(records) and self._write_complete(step, records):
+            return
         self.log(
             f"holdover: step {step} was saved as the run ended; the job's record of it is written when "
             "the ranks resume (not every rank's done record is on this disk)"
         )
+
+    def _write_complete(self, step: int, records: list[Any]) -> bool:
+        try:
+            job.write_complete(self.job_root, step, self.world, records)
+            return True
+        except OSError as e:  # the checkpoints are safe; only the job's bookkeeping is not
+            self.log(f"holdover: could not write the job's record of step {step}: {e}")
+            return False
 
     # --- the boundary and the watchdog ----------------------------------------------------------------
 
@@ -696,8 +697,10 @@ class Guard:
     def _room_for_snapshot(self, step: int, shards: list[ckpt.Shard]) -> bool:
         """Whether a snapshot buffer for `shards` fits in memory with the headroom left."""
         need = ckpt.Snapshot.size_of(shards) - self._snapshot.nbytes
-        room = memory.room() if need > 0 else 0
-        if need > 0 and need + SNAPSHOT_HEADROOM > room:
+        if need <= 0:
+            return True  # the buffer held already fits: no new memory
+        room = memory.room()
+        if need + SNAPSHOT_HEADROOM > room:
             # The old, smaller buffer too: memory is short and the loop's save does not use it.
             self._snapshot.close()
             self._in_loop(

@@ -47,14 +47,15 @@ def direct(root: Path | str, probe: bool = False) -> bool:
     """Whether a save into `root` should use O_DIRECT. A periodic save (`probe`) may be the one
     that measures a mode not measured yet."""
     rec = _read(Path(root))
-    if rec.get("refused"):
-        return False
-    if probe and "direct" not in rec:
-        return True
-    if probe and "buffered" not in rec:
-        return False
+    if probe and not rec.get("refused") and ("direct" not in rec or "buffered" not in rec):
+        return "direct" not in rec
+    return _chosen(rec)
+
+
+def _chosen(rec: dict[str, Any]) -> bool:
+    """O_DIRECT, by the record: unless refused, or buffered measured MARGIN faster."""
     d, b = rec.get("direct"), rec.get("buffered")
-    return not (d and b and b >= MARGIN * d)
+    return not rec.get("refused") and not (d and b and b >= MARGIN * d)
 
 
 def learn(root: Path | str, manifest: Manifest, tried_direct: bool) -> str | None:
@@ -79,7 +80,7 @@ def learn(root: Path | str, manifest: Manifest, tried_direct: bool) -> str | Non
     if rec.get("refused"):
         return f"{root}: O_DIRECT refused on this filesystem; saves are written buffered"
     if "direct" in rec and "buffered" in rec:
-        chosen = "O_DIRECT" if direct(root) else "buffered"
+        chosen = "O_DIRECT" if _chosen(rec) else "buffered"
         return (
             f"{root}: saves on this device use {chosen} writes "
             f"(O_DIRECT {rec['direct'] / 1e6:.0f} MB/s, buffered {rec['buffered'] / 1e6:.0f} MB/s)"

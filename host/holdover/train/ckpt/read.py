@@ -196,7 +196,7 @@ def read_blob(directory: Path, entry: FileEntry) -> bytes:
 
 def read_into(
     directory: Path | str,
-    deliver: Callable[[str, int, memoryview], None],
+    deliver: Deliver,
     threads: int = THREADS,
     direct: bool = True,
     manifest: Manifest | None = None,
