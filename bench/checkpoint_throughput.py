@@ -24,12 +24,15 @@ files and the directory fsync'd inside the clock). Cases, each repeated and inte
   emergency  Guard: request -> step boundary -> done (pinned, rotation after `done`) -> verify, as
              the bridge does; against the ceiling's time to write plus read the same bytes
 
-  stall      the loop's pause for one periodic checkpoint: holdover background (copy at the
-             boundary, written behind the loop) and blocking, DCP async_save and save, torch.save;
-             beside the floor (the same bytes copied once on 8 threads into a warm buffer), and
-             the background write's rate while a stand-in training loop (CPU matmuls) runs
-  loop       the toy model, 200 steps, a checkpoint every 20: steps/s kept, background, blocking,
-             DCP async_save, against none
+  stall      what the loop pays for one periodic checkpoint: holdover background (the parameters'
+             copy overlapped with the next forward+backward pass, and all of it copied at the
+             boundary), blocking, DCP async_save and save, torch.save; beside the floor (the same
+             bytes copied once on 8 threads into a warm buffer). The asynchronous ones are charged
+             the call plus what the next pass (0.5 s: the host idle, as beside a GPU, or CPU
+             matmuls) and optimizer.step() took beyond their time alone. And the background
+             write's rate while a stand-in training loop (CPU matmuls) runs
+  loop       the toy model, 200 steps, a checkpoint every 20: steps/s kept, background (overlapped,
+             and copied at the boundary), blocking, DCP async_save, against none
 
 States: `model:GB` (a transformer-shaped fp32 model with Adam's two moments) and `huge:GB` (one
 tensor). Peers run on the first state only.
@@ -53,6 +56,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -429,75 +433,119 @@ def _fake_training(until: Callable[[], bool], width: int = 1024) -> int:
     return n
 
 
+PASS_S = 0.5  # the next step's forward and backward pass, beside which an overlapped copy runs
+
+
+def _next_pass(busy: int) -> None:
+    """The next step's forward and backward pass: the host waiting PASS_S on a GPU (`busy` 0), or
+    `busy` CPU matmuls (as long, alone) competing with the copy for this VM's two cores."""
+    if busy:
+        left = [busy]
+        _fake_training(lambda: (left.__setitem__(0, left[0] - 1), left[0] < 0)[1])
+    else:
+        time.sleep(PASS_S)
+
+
+def _paid(save: Callable[[], object], opt: torch.optim.Optimizer, busy: int, alone: float) -> tuple[float, object]:
+    """What the loop paid for `save`: the save call, the next pass and optimizer.step() (no grads:
+    only its hooks, where an overlapped copy is waited for), less the same pass and step alone."""
+    t0 = time.perf_counter()
+    out = save()
+    _next_pass(busy)
+    opt.step()
+    return time.perf_counter() - t0 - alone, out
+
+
 def stall(
     work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cache: Cache, write_rate: float, repeats: int
 ) -> list[str]:
-    """Seconds the loop stops for one periodic checkpoint, five ways, and the copy floor; with the
-    background write's rate while training runs beside it."""
+    """Seconds the loop stops for one periodic checkpoint, and the copy floor; with the background
+    write's rate while training runs beside it. The asynchronous saves are charged what the next
+    pass and optimizer step took beyond their time alone, with the host idle (a GPU computes) and
+    busy (CPU matmuls)."""
     import torch.distributed.checkpoint as dcp
 
     cap = state.capture(model, opt)
     nbytes = cap.nbytes
     snap = ckpt.Snapshot()
     snap.take(cap.shards)  # the floor's destination already touched, as a kept snapshot buffer is
+    busy = _fake_training(lambda t=time.perf_counter() + PASS_S: time.perf_counter() > t)
+    alone = {b: statistics.median(timed(lambda b=b: (_next_pass(b), opt.step())) for _ in range(3)) for b in (0, busy)}
     times: dict[str, list[float]] = {}
     behind: list[float] = []
     log: list[str] = []
+    idle, cpu = "host idle in the next pass", "host busy in the next pass"
+
+    def guard(name: str, **kw: Any) -> Guard:
+        return Guard(
+            work / name,
+            "bench",
+            model=model,
+            optimizer=opt,
+            signal=None,
+            registry_dir=work / "reg",
+            interval=1,
+            keep=1,
+            io="direct",  # what is measured here; "auto" would make the second save its buffered probe
+            log=log.append,
+            **kw,
+        ).start()  # start(): the optimizer's pre-hook, which the overlapped copy needs
+
     for r in range(repeats):
         times.setdefault("memcpy floor (8 threads, warm buffer)", []).append(timed(lambda: snap.take(cap.shards)))
-        for background in (True, False):
-            cache()
-            g = Guard(
-                work / f"g{r}{background}",
-                "bench",
-                model=model,
-                optimizer=opt,
-                signal=None,
-                registry_dir=work / "reg",
-                interval=1,
-                keep=1,
-                background=background,
-                io="direct",  # what is measured here; "auto" would make the second save its buffered probe
-                log=log.append,
-            )
+        cases = [
+            ("overlap", {}, [f"holdover background ({idle})", f"holdover background ({cpu})"]),
+            ("boundary", {"overlap": False}, [f"holdover background, copy at the boundary ({idle})"]),
+            ("blocking", {"background": False}, ["holdover blocking"]),
+        ]
+        for name, kw, rows in cases:
+            g = guard(f"g{r}{name}", **kw)
             g.step_end(1)  # the first save warms the snapshot buffer, as a run's first one does
             g.wait_background()
-            cache()
-            t0 = time.perf_counter()
-            g.step_end(2)
-            name = "holdover background" if background else "holdover blocking"
-            times.setdefault(name, []).append(time.perf_counter() - t0)
-            if background:
-                _fake_training(lambda g=g: not g.writing)
-                behind.append(nbytes / (time.perf_counter() - t0))
+            for k, row in enumerate(rows):
+                cache()
+                b = busy if row.endswith(f"({cpu})") else 0
+                t0 = time.perf_counter()
+                times.setdefault(row, []).append(_paid(lambda g=g, k=k: g.step_end(2 + k), opt, b, alone[b])[0])
+                if k == 0 and name == "overlap":
+                    _fake_training(lambda g=g: not g.writing)
+                    behind.append(nbytes / (time.perf_counter() - t0))
+                g.wait_background()
             g.close()
-            shutil.rmtree(work / f"g{r}{background}")
-        cache()
-        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
-        t0 = time.perf_counter()
-        fut = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(str(work / "dcpa"), thread_count=4), no_dist=True)
-        times.setdefault("DCP async_save", []).append(time.perf_counter() - t0)
-        _fake_training(fut.done)
-        fut.result()
-        shutil.rmtree(work / "dcpa")
-        cache()
-        times.setdefault("DCP save", []).append(timed(lambda: dcp_save(work / "dcp", model, opt)))
-        shutil.rmtree(work / "dcp")
-        if r == 0:  # the slowest row by far, and far from the others: once keeps the bench under 10 min
+            shutil.rmtree(work / f"g{r}{name}")
+        for b, row in ((0, f"DCP async_save ({idle})"), (busy, f"DCP async_save ({cpu})")):
+            cache()
+            sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+            writer = dcp.FileSystemWriter(str(work / "dcpa"), thread_count=4)
+            paid, fut = _paid(
+                lambda sd=sd, w=writer: dcp.async_save(sd, storage_writer=w, no_dist=True), opt, b, alone[b]
+            )
+            times.setdefault(row, []).append(paid)
+            _fake_training(fut.done)
+            fut.result()
+            shutil.rmtree(work / "dcpa")
+        if r == 0:  # the slowest rows, and far from the others: once keeps the bench under 10 min
+            cache()
+            times["DCP save"] = [timed(lambda: dcp_save(work / "dcp", model, opt))]
+            shutil.rmtree(work / "dcp")
             cache()
             times["torch.save + fsync"] = [timed(lambda: _torch_save(work / "a.pt", model, opt))]
             (work / "a.pt").unlink()
     snap.close()
     floor = statistics.median(times["memcpy floor (8 threads, warm buffer)"])
     lines = [
-        f"training stall per periodic checkpoint ({nbytes / 1e9:.2f} GB state, median of {repeats}; torch.save once):"
+        f"training stall per periodic checkpoint ({nbytes / 1e9:.2f} GB state, median of {repeats}; DCP save and "
+        f"torch.save once); asynchronous saves: the save call plus what the next {PASS_S} s forward+backward pass "
+        "and optimizer.step() took beyond their time alone:"
     ]
-    lines.append(f"{'how':40} {'stall s':>8} {'/ floor':>8}")
+    lines.append(f"{'how':72} {'stall s':>8} {'/ floor':>8}")
     for name, ts in times.items():
-        lines.append(f"{name:40} {statistics.median(ts):8.3f} {statistics.median(ts) / floor:8.2f}")
-    ours = statistics.median(times["holdover background"])
+        lines.append(f"{name:72} {statistics.median(ts):8.3f} {statistics.median(ts) / floor:8.2f}")
+    for how in (idle, cpu):
+        ours = statistics.median(times[f"holdover background ({how})"])
+        dcp_s = statistics.median(times[f"DCP async_save ({how})"])
+        lines.append(f"holdover background vs DCP async_save, {how}: {dcp_s / max(ours, 1e-3):.1f}x lower stall")
     lines.append(
-        f"holdover background vs DCP async_save: {statistics.median(times['DCP async_save']) / ours:.1f}x lower stall; "
         f"its write, with training beside it: {statistics.median(behind) / 1e6:.0f} MB/s = "
         f"{statistics.median(behind) / write_rate:.2f} of the write ceiling (goals: stall <= 1.5x floor, "
         ">= 3x below async_save, write >= 0.8 of the ceiling)"
@@ -520,11 +568,11 @@ def loop_run(work: Path, steps: int = 200, every: int = 20, width: int = 1024, d
     from holdover.train import toy
 
     rates: dict[str, float] = {}
-    for how in ("none", "background", "blocking", "DCP async_save"):
+    for how in ("none", "background", "background, copy at the boundary", "blocking", "DCP async_save"):
         model = toy.build(width, depth)
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
         g = None
-        if how in ("background", "blocking"):
+        if how.startswith(("background", "blocking")):
             g = Guard(
                 work / how,
                 "loop",
@@ -534,9 +582,10 @@ def loop_run(work: Path, steps: int = 200, every: int = 20, width: int = 1024, d
                 registry_dir=work / "reg",
                 interval=every,
                 keep=2,
-                background=how == "background",
+                background=how != "blocking",
+                overlap=how == "background",
                 log=lambda m: None,
-            )
+            ).start()  # the optimizer's pre-hook: where an overlapped copy is waited for
         fut = None
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
@@ -564,7 +613,7 @@ def loop_run(work: Path, steps: int = 200, every: int = 20, width: int = 1024, d
         f"training loop: toy {width}x{depth} ({nbytes / 1e6:.0f} MB state), {steps} steps, a checkpoint every {every}:"
     ]
     for how, r in rates.items():
-        lines.append(f"  {how:16} {r:7.1f} steps/s  {r / rates['none']:5.2f} of no checkpoints")
+        lines.append(f"  {how:34} {r:7.1f} steps/s  {r / rates['none']:5.2f} of no checkpoints")
     print("\n".join(lines))
     return lines
 

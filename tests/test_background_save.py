@@ -245,3 +245,117 @@ def test_with_no_memory_for_a_snapshot_periodic_saves_run_in_the_loop_and_say_so
     assert ckpt.verify(tmp_path / "ckpt" / "step_000000003").meta["background"] is True
     for step, st in want.items():
         assert _holds(tmp_path / "ckpt" / f"step_{step:09d}", st), step
+
+
+class CopyGate:
+    """Holds the snapshot's overlapped copy (the part left for the next forward pass) until opened."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open = threading.Event()
+        self.held = threading.Event()
+        self.later: list[int] = []  # bytes of each overlapped copy
+        real = snapshot_mod._copy
+
+        def copy(jobs: list[tuple[int, int, int]], threads: int, wait: Any) -> None:
+            if threading.current_thread().name == "holdover-background-save":
+                self.later.append(sum(j[2] for j in jobs))
+                self.held.set()
+                assert self.open.wait(10)
+            real(jobs, threads, wait)
+
+        monkeypatch.setattr(snapshot_mod, "_copy", copy)
+
+
+def _bn_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 64))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _bn_train(model, opt)
+    return model, opt
+
+
+def _forward_backward(model: torch.nn.Module) -> None:
+    model.zero_grad()
+    model(torch.randn(8, 64)).pow(2).mean().backward()  # BatchNorm's running statistics change here
+
+
+def _bn_train(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    _forward_backward(model)
+    opt.step()
+
+
+def test_the_parameters_copy_overlaps_the_next_forward_pass_and_the_optimizer_step_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """step_end returns with the parameters and moments still to copy; the forward pass runs
+    meanwhile (and changes the buffers, copied at the boundary); optimizer.step() waits for the
+    copy; the checkpoint is step 5 exactly, buffers included, and the wait is charged as stall."""
+    gate = CopyGate(monkeypatch)
+    model, opt = _bn_model()
+    log: list[str] = []
+    g = _guard(tmp_path, model, opt, log, interval=5)
+    at5 = _state(model, opt)
+    g.step_end(5)
+    assert gate.held.wait(5)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert gate.later == [3 * params + 4 * len(list(model.parameters()))]  # parameters, two moments, Adam's steps
+    _forward_backward(model)  # the next step's forward and backward, beside the copy
+    stepped = threading.Event()
+
+    def step() -> None:
+        opt.step()
+        stepped.set()
+
+    threading.Thread(target=step).start()
+    assert not stepped.wait(0.3)  # held at the optimizer step
+    assert _equal(
+        {k: v for k, v in _state(model, opt).items() if "running" not in k and "batches" not in k},
+        {k: v for k, v in at5.items() if "running" not in k and "batches" not in k},
+    )
+    gate.open.set()
+    assert stepped.wait(5)
+    assert not _equal(_state(model, opt), at5)
+    g.close()
+    assert _holds_bn(tmp_path / "ckpt" / "step_000000005", at5)
+    [(s, copy_s, waited)] = list(g.stalls)
+    assert s == 5 and copy_s >= 0.25 and waited == 0.0, g.stalls  # the optimizer's wait is the loop's cost
+
+
+def _holds_bn(d: Path, want: dict[str, torch.Tensor]) -> bool:
+    back, back_opt = _bn_model()
+    _bn_train(back, back_opt)
+    state.apply(state.load(d), back, back_opt)
+    return _equal(_state(back, back_opt), want)
+
+
+@pytest.mark.parametrize("how", ["another optimizer", "overlap=False"])
+def test_what_changes_outside_the_hooked_optimizer_is_copied_at_the_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A second optimizer (a GAN's) steps the second layer with no hook to wait on; with
+    overlap=False a loop may change any parameter by hand: either way the checkpoint holds the
+    boundary's values."""
+    gate = CopyGate(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    second = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    g = _guard(tmp_path, model, first, [], interval=5, overlap=how == "another optimizer")
+    at5 = {k: v.clone() for k, v in model.state_dict().items()}
+    g.step_end(5)
+    assert gate.held.wait(5)
+    if how == "another optimizer":
+        model.zero_grad()
+        model(torch.randn(8, 64)).pow(2).mean().backward()
+        second.step()  # no pre-hook here
+        assert gate.later == [sum(p.numel() * 4 for p in model[0].parameters())]
+    else:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(2)
+        assert gate.later == [0]  # everything copied at the boundary
+    assert not _equal(model.state_dict(), at5)
+    gate.open.set()
+    g.close()
+    back = state.load(tmp_path / "ckpt" / "step_000000005").tensors
+    assert _equal({k: back[k] for k in at5}, at5)

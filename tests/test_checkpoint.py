@@ -254,6 +254,11 @@ def test_adaptive_interval_follows_the_loss_within_the_overhead_bound() -> None:
     assert a.interval == 400
     assert a.overhead() <= 0.05 + 1e-9
     assert [why for _, _, why in a.history] == ["loss flat", "loss moving", "overhead bound (5%)"]
+    # What an overlapped snapshot made the next optimizer step wait counts too (20 + 10 s: 600).
+    a.paid(10.0)
+    assert a.interval == 600 and a.history[-1] == (600, 600, "overhead bound (5%)")
+    a.paid(0.0)
+    assert len(a.history) == 4
     with pytest.raises(ValueError):
         AdaptiveInterval(initial=5, min_steps=10)
 

@@ -4,8 +4,10 @@ Imported only when a tensor of the state lives on a GPU (Guard checks the captur
 a CPU-only run never touches CUDA. The snapshot buffer is registered with the driver once
 (cudaHostRegister), which makes each copy a DMA that does not stop the host; the copies go on a
 stream of their own per device, which first waits for everything the training stream has queued
-(the step's last kernels must have written what is copied). Snapshot.take waits for them before
-the loop goes on, so no later kernel can change a tensor mid-copy.
+(the step's last kernels must have written what is copied). The Snapshot waits for them before
+anything may change them: at the boundary for what a forward pass writes (buffers), and before the
+next optimizer step for the parameters and their moments, whose copies overlap the forward pass
+(Guard's pre-hook on optimizer.step() holds the step until then).
 
 Untried on a GPU: this machine has none. What ran here is the byte placement (`copy_to_host`,
 the same call the CUDA path makes) on CPU tensors, and the Snapshot's use of a stager.

@@ -21,6 +21,15 @@ a gradient all-reduce sits. Inside an update it refuses and says why. It serves 
 waited out `boundary_wait_s` (and three typical steps), and on its own saves once when no step has
 ended for `stall_save_s` (and ten typical steps): shorter than the framework's collective timeout,
 so the checkpoint exists before the job is torn down.
+
+Periodic saves run behind the loop: the state is copied into a snapshot buffer and written by a
+thread. The copy of the parameters and the optimizer's state is overlapped with the next forward
+and backward pass, which do not change them (CheckFreq's pipelined snapshot, FAST '21): the same
+pre-hook makes the next ``optimizer.step()`` wait until it is done, so the loop pays only what the
+copy outlasts the pass. Everything else a forward pass may change (buffers such as BatchNorm's
+running statistics, parameters that are not this optimizer's) is copied at the boundary.
+``overlap=False`` copies it all there, for a loop that changes parameters outside the
+optimizer's step.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +90,7 @@ class Guard:
         boundary_wait_s: float = 2.0,
         join_window_s: float = 2.0,
         background: bool = True,
+        overlap: bool = True,
         io: str = "auto",
         log: Log = _stderr,
     ) -> None:
@@ -149,6 +159,8 @@ class Guard:
         # Periodic saves copy the state at the boundary and are written while training goes on;
         # the loop pays the copy (and a wait when the previous save is still writing).
         self.background = background
+        self.overlap = overlap  # and the parameters' copy overlapped with the next forward pass
+        self._hooked = False  # the pre-hook on optimizer.step() is in: the overlap needs it
         # How checkpoint files are written: "direct" (O_DIRECT), "buffered", or "auto": per device,
         # the faster of the two as its first large periodic saves measured them (ckpt.iomode).
         if io not in ("auto", "direct", "buffered"):
@@ -198,6 +210,7 @@ class Guard:
         # update, so it never saves from outside the loop.
         hook = _step_pre_hook(self.optimizer, self._updating) if self.optimizer is not None else None
         if hook is not None:
+            self._hooked = True
             self._hooks.append(hook)
             self._watchdog = threading.Thread(target=self._watch, name="holdover-watchdog", daemon=True)
             self._watchdog.start()
@@ -430,9 +443,26 @@ class Guard:
             self._marked = time.monotonic()
 
     def _updating(self, opt: Any, args: Any, kwargs: Any) -> None:
-        # Waits for a save the watchdog is taking, then marks the state as changing.
+        # Waits for the snapshot's copy and for a save the watchdog is taking, then marks the
+        # state as changing.
+        self._await_copy()
         with self._lock:
             self._at = None
+
+    def _await_copy(self) -> None:
+        """Holds the optimizer step until an overlapped snapshot has copied what it changes; the
+        wait is what the loop paid for the save, beyond the boundary's part."""
+        bg = self._bg
+        if bg is None or bg.copied.is_set():
+            return
+        t0 = time.monotonic()
+        bg.copied.wait()
+        waited = time.monotonic() - t0
+        if self.stalls and self.stalls[-1][0] == bg.step:
+            step, copy, before = self.stalls[-1]
+            self.stalls[-1] = (step, round(copy + waited, 6), before)
+        if self.interval:
+            self.interval.paid(waited)
 
     def _typical_step(self) -> float:
         times = sorted(self._step_times)
@@ -660,7 +690,7 @@ class Guard:
 
                 self._stager = CudaStager(self.log)
             try:
-                shards = self._snapshot.take(shards, self.threads, self._stager)
+                shards, rest = self._snapshot.begin(shards, self.threads, self._stager, self._copied_later())
             except (MemoryError, OSError) as e:  # the buffer could not be made (mmap: ENOMEM)
                 self._snapshot.close()
                 self._in_loop(step, f"the snapshot buffer could not be made: {e}")
@@ -674,6 +704,10 @@ class Guard:
 
         def write() -> None:
             try:
+                try:
+                    rest()
+                finally:
+                    bg.copied.set()  # or the optimizer step would wait for ever on a failed copy
                 bg.result = ckpt.save(
                     self.root,
                     step,
@@ -693,6 +727,17 @@ class Guard:
         if self.interval:
             self.interval.saved(step, self.last_loss, stall)
         return True
+
+    def _copied_later(self) -> Callable[[ckpt.Tensor], bool] | None:
+        """Which captured tensors the snapshot may copy while the next forward pass runs: the
+        hooked optimizer's parameters and its state, which only its step changes."""
+        if not (self.overlap and self._hooked and self.capture is None):
+            return None
+        ptrs = {p.data_ptr() for g in self.optimizer.param_groups for p in g["params"]}
+        ptrs |= {v.data_ptr() for st in self.optimizer.state.values() for v in st.values() if hasattr(v, "data_ptr")}
+        ptrs.discard(0)  # an empty tensor has no memory to name
+        # A tensor on a device is held as itself (keepalive); on the host, by its address.
+        return lambda t: (t.address if t.device == "cpu" else t.keepalive.data_ptr()) in ptrs
 
     def _room_for_snapshot(self, step: int, shards: list[ckpt.Shard]) -> bool:
         """Whether a snapshot buffer for `shards` fits in memory with the headroom left."""
@@ -927,6 +972,7 @@ class _Background:
     cancel: threading.Event
     started: float
     direct: bool = True  # written with O_DIRECT (ckpt.iomode)
+    copied: threading.Event = field(default_factory=threading.Event)  # the snapshot holds the whole step
     thread: threading.Thread | None = None
     result: tuple[Path, ckpt.Manifest] | None = None
     error: Exception | None = None

@@ -68,14 +68,27 @@ class AdaptiveInterval:
                     self._flat_count = 0
                     new, why = max(self.interval // 2, self.min_steps), "loss moving"
             self._last_loss = loss
-        if self._step_time > 0 and cost_seconds > 0:
-            floor = math.ceil(cost_seconds / (self.max_overhead * self._step_time))
-            if new < floor:
-                new, why = min(floor, self.max_steps), f"overhead bound ({self.max_overhead:.0%})"
+        new, why = self._bounded(new, why)
         if new != self.interval:
             self.history.append((step, new, why))
         self.interval = new
         return new
+
+    def paid(self, seconds: float) -> None:
+        """More cost of the last save, known only after `saved` (an overlapped snapshot's wait at
+        the next optimizer step): the overhead bound holds for the whole."""
+        self._save_cost += seconds
+        new, why = self._bounded(self.interval, "")
+        if new != self.interval:
+            self.history.append((self.last_save_step, new, why))
+            self.interval = new
+
+    def _bounded(self, new: int, why: str) -> tuple[int, str]:
+        if self._step_time > 0 and self._save_cost > 0:
+            floor = math.ceil(self._save_cost / (self.max_overhead * self._step_time))
+            if new < floor:
+                return min(floor, self.max_steps), f"overhead bound ({self.max_overhead:.0%})"
+        return new, why
 
     def overhead(self) -> float:
         """Share of training time spent saving at the current interval."""

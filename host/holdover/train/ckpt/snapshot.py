@@ -54,6 +54,21 @@ class Snapshot:
         device through `stager`) and returns the same shards pointing at the copies, all in host
         memory. The copies hold until the next take: the save written from them must finish (or
         be cancelled) before then."""
+        out, rest = self.begin(shards, threads, stager)
+        rest()
+        return out
+
+    def begin(
+        self,
+        shards: Sequence[Shard],
+        threads: int = THREADS,
+        stager: Stager | None = None,
+        later: Callable[[Tensor], bool] | None = None,
+    ) -> tuple[list[Shard], Callable[[], None]]:
+        """`take`, in two parts: the tensors `later` picks are only placed (their device copies
+        started); the rest are copied before this returns. Returns the shards over the buffer and
+        what copies the picked ones, which must run before anything changes them (a training loop:
+        before the next optimizer step, while the next forward and backward pass run)."""
         on_device = next((t for s in shards for t in s.tensors if t.device != "cpu"), None)
         if on_device is not None and stager is None:
             raise CheckpointError(f"{on_device.name} is on {on_device.device} and no stager copies it to the host")
@@ -65,29 +80,29 @@ class Snapshot:
                 # Pinned once per buffer: registering GBs of pages costs about as much as a copy.
                 self._unpin = stager.pin(self.buf.address, self.buf.size)
         base = self.buf.address
-        jobs: list[tuple[int, int, int]] = []  # (destination, source, length)
-        device: list[tuple[int, Any, int]] = []  # (destination, device tensor, length)
+        # (destination, source, length) for host tensors, (destination, device tensor, length)
+        # for device ones; [0] copied now, [1] later.
+        jobs: tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]] = ([], [])
+        device: tuple[list[tuple[int, Any, int]], list[tuple[int, Any, int]]] = ([], [])
         out: list[Shard] = []
         k = 0
         for s in shards:
             copied = []
             for t in s.tensors:
                 dst = base + offsets[k]
+                when = 1 if later is not None and later(t) else 0
                 if t.device != "cpu":
-                    device.append((dst, t.keepalive, t.nbytes))
+                    device[when].append((dst, t.keepalive, t.nbytes))
                 for a in range(0, t.nbytes if t.device == "cpu" else 0, PIECE):
-                    jobs.append((dst + a, t.address + a, min(PIECE, t.nbytes - a)))
+                    jobs[when].append((dst + a, t.address + a, min(PIECE, t.nbytes - a)))
                 copied.append(Tensor(t.name, t.dtype, list(t.shape), dst, t.nbytes, self.buf))
                 k += 1
             out.append(Shard(s.name, copied, dict(s.metadata)))
-        wait = stager.to_host(device) if device and stager is not None else None
-        # memmove releases the GIL, so the copies run in parallel like the writer's gathers.
-        try:
-            run_jobs(jobs, threads, 0, lambda job, _st: ctypes.memmove(*job))
-        finally:
-            if wait is not None:
-                wait()  # the loop may change the device tensors again once this returns
-        return out
+        # Every device copy starts now, on a stream that waits for the step's last kernels: the
+        # later ones overlap the next forward pass, which does not change what they copy.
+        waits = [stager.to_host(d) if d and stager is not None else None for d in device]
+        _copy(jobs[0], threads, waits[0])
+        return out, lambda: _copy(jobs[1], threads, waits[1])
 
     @staticmethod
     def size_of(shards: Sequence[Shard]) -> int:
@@ -101,6 +116,15 @@ class Snapshot:
         if self.buf is not None:
             self.buf.close()
             self.buf = None
+
+
+def _copy(jobs: list[tuple[int, int, int]], threads: int, wait: Callable[[], None] | None) -> None:
+    # memmove releases the GIL, so the copies run in parallel like the writer's gathers.
+    try:
+        run_jobs(jobs, threads, 0, lambda job, _st: ctypes.memmove(*job))
+    finally:
+        if wait is not None:
+            wait()  # the loop may change the device tensors again once this returns
 
 
 def _layout(shards: Sequence[Shard]) -> tuple[list[int], int]:
