@@ -58,10 +58,6 @@ def hook_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def steady(rig: Rig, hz: int) -> None:
-    wait(f"the line learned as {hz} Hz", lambda: rig.control.send(get="state")["state"]["mains_hz"] == hz, 15)
-
-
 def row(name: str, xs: list[float], goal: float | None = None) -> tuple[str, bool]:
     p50, p95, p99 = (percentile(xs, p) for p in (50, 95, 99))
     ok = goal is None or p99 <= goal
@@ -86,7 +82,7 @@ def cut_case(args: argparse.Namespace, work: Path, hz: int, ghost_hz: float) -> 
     rig.start()
     try:
         rig.wait("boot", timeout=20)
-        steady(rig, hz)
+        rig.learned_hz(hz)
         rng = random.Random(hz * 100 + int(ghost_hz))
         for i in range(args.cuts):
             time.sleep(rng.uniform(0.05, 0.15))  # a random phase against the edges and the sampling
@@ -104,7 +100,7 @@ def cut_case(args: argparse.Namespace, work: Path, hz: int, ghost_hz: float) -> 
             back = time.monotonic()
             rig.control.send(mains=True)
             rig.wait("mains_restored", 5, back)
-        state = rig.control.send(get="state")["state"]
+        state = rig.board_state()
     finally:
         rig.close()
     return out, state
@@ -148,7 +144,7 @@ def dips(args: argparse.Namespace, work: Path) -> bool:
         rig.start()
         try:
             rig.wait("boot", timeout=20)
-            steady(rig, hz)
+            rig.learned_hz(hz)
             rng = random.Random(hz)
             for ms in lengths:
                 got = []
@@ -212,7 +208,7 @@ def soak(args: argparse.Namespace, work: Path) -> bool:
             rigs[path] = rig
         for rig in rigs.values():
             rig.wait("boot", timeout=20)
-            steady(rig, 50)
+            rig.learned_hz(50)
         start = time.monotonic()
         end = start + args.soak_min * 60
         stalls = 0
@@ -222,7 +218,7 @@ def soak(args: argparse.Namespace, work: Path) -> bool:
                 rig.control.send(stall_ms=50)
             stalls += 1
         for path, rig in rigs.items():
-            st = rig.control.send(get="state")["state"]
+            st = rig.board_state()
             false = {k: rig.count(k, start) for k in ("mains_suspect", "mains_dip", "mains_lost")}
             ok &= not any(false.values()) and st["mains_hz"] == 50
             print(

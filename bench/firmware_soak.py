@@ -103,7 +103,7 @@ class Soak:
         try:
             rig.wait("boot", 20)
             time.sleep(2)  # the uplink judged up first
-            boot = rig.control.send(get="state")["state"]
+            boot = rig.board_state()
             t_start = time.monotonic()
             for i in range(self.args.transitions):
                 if i and i % self.args.restart_every == 0:
@@ -115,10 +115,10 @@ class Soak:
             for u in self.servers:
                 u.alive = True
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and rig.control.send(get="state")["state"]["outbox_bytes"]:
+            while time.monotonic() < deadline and rig.board_state()["outbox_bytes"]:
                 time.sleep(0.5)
             time.sleep(3)
-            state = rig.control.send(get="state")["state"]
+            state = rig.board_state()
             raised = rig.control.send(get="raised")["raised"]
             mem = rig.control.send(get="mem")["mem"]
             assert rig.bridge is not None

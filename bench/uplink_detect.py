@@ -72,7 +72,7 @@ def live_losses(n: int, heap: str) -> list[float]:
         rig.start()
         try:
             rig.wait("boot", 20)
-            state = lambda: rig.control.send(get="state")["state"]["uplink"]  # noqa: E731
+            state = lambda: rig.board_state()["uplink"]  # noqa: E731
             out = []
             rng = random.Random(3)
             for i in range(n):

@@ -129,7 +129,7 @@ def test_power_cut_and_restore_run_the_hooks_once_each(e2e) -> None:
     assert [r["outcome"] for r in j.hook_runs()] == ["ok", "ok"]
     # Genuine traffic alone: no QoS 1 retransmit ever reached the bridge as a duplicate.
     assert j.rejections() == []
-    assert rig.control.send(get="state")["state"]["glitches"] >= 1
+    assert rig.board_state()["glitches"] >= 1
 
 
 def _cut_and_capture(rig: Rig, hooks_file: Path) -> tuple[paho.Client, bytes]:
@@ -172,9 +172,7 @@ def test_a_cut_survives_the_bridge_killed_and_the_broker_forgetting_everything(e
     time.sleep(4)  # time for any further copy to arrive
     assert [r["HOLDOVER_EVENT"] for r in _runs(hooks_file)] == ["mains_lost"], runs
     assert [e.kind for e in again.journal().events() if e.kind == "mains_lost"] == ["mains_lost"]
-    st = wait_for(
-        lambda: (s := rig.control.send(get="state")["state"])["outbox_bytes"] == 0 and s, 15, "the outbox emptied"
-    )
+    st = wait_for(lambda: (s := rig.board_state())["outbox_bytes"] == 0 and s, 15, "the outbox emptied")
     assert st["outbox_resent"] >= 1  # it took a resend: PUBACK alone would have lost it
 
 

@@ -44,7 +44,7 @@ def test_retained_state_is_there_for_a_late_subscriber(rig_factory) -> None:
     rig.control.send(mains=False)
     time.sleep(rig.debounce_ms / 1000 + 0.5)
     # Late: only once the sentinel has joined WiFi, reached the broker and delivered everything.
-    wait_for(lambda: rig.control.send(get="state")["state"]["queued"] == 0, 15, "the sentinel's queue to drain")
+    wait_for(lambda: rig.board_state()["queued"] == 0, 15, "the sentinel's queue to drain")
     lis = Listener(rig, [protocol.topic(rig.sid, protocol.STATE), protocol.topic(rig.sid, protocol.STATUS)])
     try:
         _t, payload, retained = lis.next(10, lambda t, p, r: t.endswith("/state"))
@@ -71,17 +71,17 @@ def test_qos1_event_raised_while_mosquitto_restarts_still_arrives(rig_factory) -
         rig.broker.stop()
         rig.control.send(mains=False)
         time.sleep(rig.debounce_ms / 1000 + 1.0)  # raised, queued, unsent: there is no broker
-        state = rig.control.send(get="state")["state"]
+        state = rig.board_state()
         assert state["mains"] is False and state["queued"] >= 1
         rig.broker.start()
-        wait_for(lambda: rig.control.send(get="state")["state"]["queued"] == 0, 30, "the sentinel's queue to drain")
+        wait_for(lambda: rig.board_state()["queued"] == 0, 30, "the sentinel's queue to drain")
         # Back after the restart, without subscribing again: the session survived the restart.
         lis = Listener(rig, [events], client_id="test-listener", persistent=True)
         _t, payload, _r = lis.next(30, lambda t, p, r: _event_kind(rig, p) == "mains_lost")
         assert lis.session_present is True
         body = protocol.open_envelope(payload, protocol.Signer(rig.key), rig.sid)
         # The event keeps the time it was raised, not the time it was finally delivered.
-        assert body["ms"] < rig.control.send(get="state")["state"]["uptime_ms"] - 500
+        assert body["ms"] < rig.board_state()["uptime_ms"] - 500
     finally:
         lis.close()
 
@@ -133,7 +133,7 @@ def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
         rig.control.send(mains=True)
         time.sleep(0.4)
     rig.control.send(wlan=True)
-    wait_for(lambda: rig.control.send(get="state")["state"]["queued"] == 0, 30, "the backlog delivered")
+    wait_for(lambda: rig.board_state()["queued"] == 0, 30, "the backlog delivered")
     sent: set[str] = set()
 
     def all_configs_sent() -> bool:

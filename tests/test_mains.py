@@ -21,7 +21,7 @@ def test_mains_lost_fires_on_time_through_ghost_edges(rig_factory, ghost_hz: int
     rig.control.send(ghost_hz=ghost_hz)
     time.sleep(1.0)  # ghosts on top of healthy mains must not be taken for anything
     t0 = time.monotonic()
-    stalled = rig.control.send(get="state")["state"]["loop_stalled_ms"]
+    stalled = rig.board_state()["loop_stalled_ms"]
     cut = rig.control.send(mains=False)["uptime_ms"]
     ev = rig.wait("mains_lost", 5, since=t0)
     late = ev.info["ms"] - cut
@@ -29,7 +29,7 @@ def test_mains_lost_fires_on_time_through_ghost_edges(rig_factory, ghost_hz: int
     # cycle before the cut... or after it, in the loop's scheduling), plus one sample. Plus any
     # time this machine held the interpreter up (a busy host, not the chip): the watch then
     # refuses to count the stall as evidence of a loss, and reports that much later.
-    held_up = rig.control.send(get="state")["state"]["loop_stalled_ms"] - stalled
+    held_up = rig.board_state()["loop_stalled_ms"] - stalled
     # (A clean clone's run here once reported 327 ms with held_up 0: 2 ms past the old bound.)
     assert DEBOUNCE_MS - CYCLE_MS <= late <= DEBOUNCE_MS + CYCLE_MS + SAMPLE_MS + UNCOUNTED_MS + held_up, (
         late,
@@ -55,7 +55,7 @@ def test_a_flicker_shorter_than_the_debounce_raises_nothing(rig_factory, ghost_h
         rig.control.send(mains=True)
         time.sleep(0.5)
     assert rig.count("mains_lost", since=t0) == 0, [x for x in rig.lines if "event" in x]
-    assert rig.control.send(get="state")["state"]["mains"] is True
+    assert rig.board_state()["mains"] is True
 
 
 def test_an_outage_across_the_chips_clock_wrap_has_the_right_durations(rig_factory) -> None:
@@ -76,7 +76,7 @@ def test_an_outage_across_the_chips_clock_wrap_has_the_right_durations(rig_facto
     run_ms = 4 * 25 + SAMPLE_MS
     assert -CYCLE_MS <= outage - (back_at - cut) <= run_ms, (outage, back_at - cut)
     assert restored.info["ms"] > lost.info["ms"] > cut >= 0
-    st = rig.control.send(get="state")["state"]
+    st = rig.board_state()
     # When mains came back, on the uptime scale: never negative, never from the wrapped clock.
     assert -CYCLE_MS <= st["mains_since_ms"] - back_at <= run_ms, (st["mains_since_ms"], back_at)
     assert st["mains"] is True and rig.count("boot") == 1

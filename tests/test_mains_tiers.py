@@ -21,27 +21,19 @@ COUNT_MS = 2
 SLACK_MS = 25
 
 
-def _state(rig) -> dict:
-    return rig.control.send(get="state")["state"]
-
-
-def _steady(rig, hz: int | str) -> None:
-    wait_for(lambda: _state(rig)["mains_hz"] == hz, 10, f"the line learned as {hz}")
-
-
 @pytest.mark.parametrize(("hz", "counter"), [(50, True), (60, True), (50, False)])
 def test_a_cut_is_suspected_from_its_last_edge_then_lost(rig_factory, hz: int, counter: bool) -> None:
     rig = rig_factory(debounce_ms=DEBOUNCE_MS, counter=counter, world={"hz": hz})
     boot = rig.wait("boot", 15)
     assert boot.info["data"]["mains_path"] == ("counter" if counter else "irq")
-    _steady(rig, hz)
+    rig.learned_hz(hz, 10)
     period = 1000 / (2 * hz)
     t0 = time.monotonic()
-    stalled = _state(rig)["loop_stalled_ms"]
+    stalled = rig.board_state()["loop_stalled_ms"]
     cut = rig.control.send(mains=False)["uptime_ms"]
     suspect = rig.wait("mains_suspect", 5, t0)
     lost = rig.wait("mains_lost", 5, t0)
-    held_up = _state(rig)["loop_stalled_ms"] - stalled
+    held_up = rig.board_state()["loop_stalled_ms"] - stalled
     last = suspect.info["data"]["last_pulse_ms"]
     # The last mains edge before the cut, as the watch saw it: at most a period before the cut and
     # a sample after it (the counter is read every COUNT_MS; an IRQ runs when the VM gets to it).
@@ -58,7 +50,7 @@ def test_a_cut_is_suspected_from_its_last_edge_then_lost(rig_factory, hz: int, c
 def test_a_flicker_shorter_than_the_debounce_is_a_dip_with_its_length(rig_factory, counter: bool) -> None:
     rig = rig_factory(debounce_ms=DEBOUNCE_MS, counter=counter)
     rig.wait("boot", 15)
-    _steady(rig, 50)
+    rig.learned_hz(50, 10)
     lengths = []
     for hold in (0.04, 0.15):
         t0 = time.monotonic()
@@ -67,13 +59,18 @@ def test_a_flicker_shorter_than_the_debounce_is_a_dip_with_its_length(rig_factor
         back = rig.control.send(mains=True)["uptime_ms"]
         dip = rig.wait("mains_dip", 5, t0)
         # Its length from the edges: the one before the cut to the first of those that came back,
-        # less a period; the edges fall on a 10 ms grid, so a period either way.
-        assert abs(dip.info["data"]["dip_ms"] - (back - cut)) <= 10 + COUNT_MS + 2, (dip.info["data"], back - cut)
+        # less a period; the edges fall on a 10 ms grid, so a period either way. An IRQ stamps the
+        # edge that came back when the interpreter runs it: late by up to SLACK_MS on a busy host.
+        slack = 0 if counter else SLACK_MS
+        assert abs(dip.info["data"]["dip_ms"] - (back - cut)) <= 10 + COUNT_MS + 2 + slack, (
+            dip.info["data"],
+            back - cut,
+        )
         assert cut - 10 - COUNT_MS <= dip.info["data"]["last_pulse_ms"] <= cut + COUNT_MS + (0 if counter else SLACK_MS)
         lengths.append(dip.info["data"]["dip_ms"])
         time.sleep(0.3)
     assert rig.count("mains_lost") == 0 and rig.count("mains_suspect") == 2, lengths
-    assert _state(rig)["dips"] == 2
+    assert rig.board_state()["dips"] == 2
 
 
 @pytest.mark.parametrize(("counter", "ghost_us"), [(True, 2), (True, 50), (False, 2)])
@@ -84,7 +81,7 @@ def test_ghost_edges_on_steady_mains_raise_no_suspicion(rig_factory, counter: bo
     rig.wait("boot", 15)
     time.sleep(3.0)
     assert rig.count("mains_suspect") == 0 and rig.count("mains_dip") == 0
-    st = _state(rig)
+    st = rig.board_state()
     # The rate from edges in cadence: a ghost the filter let through never adds to it.
     assert st["mains_hz"] == 50 and st["mains"] is True, st
 
@@ -93,15 +90,15 @@ def test_ghost_edges_on_steady_mains_raise_no_suspicion(rig_factory, counter: bo
 def test_the_counter_counts_through_a_stall_and_times_a_cut_inside_one(rig_factory, hz: int) -> None:
     rig = rig_factory(debounce_ms=DEBOUNCE_MS, world={"hz": hz})
     rig.wait("boot", 15)
-    _steady(rig, hz)
-    stalls = _state(rig)["loop_stalls"]
+    rig.learned_hz(hz, 10)
+    stalls = rig.board_state()["loop_stalls"]
     # A flash write's worth, and longer: pulses go on, nothing handled. Each stall's edges are
     # dated from the count; at 60 Hz a period of 8 ms (for 8.33) would put a 300 ms stall's
     # newest edge 12 ms early: a suspicion of a cut that never was.
     for ms in (50, 50, 50, 300, 300):
         rig.control.send(stall_ms=ms)
         time.sleep(0.2)
-    assert _state(rig)["loop_stalls"] >= stalls + 5  # the watch saw the loop held up
+    assert rig.board_state()["loop_stalls"] >= stalls + 5  # the watch saw the loop held up
     assert rig.count("mains_suspect") == 0 and rig.count("mains_dip") == 0, [x for x in rig.lines if "mains" in x]
 
     # Mains goes 20 ms into an 80 ms stall: timed from the last edge the counter took, not from
@@ -123,7 +120,7 @@ def test_polls_a_few_ms_late_break_no_run_of_mains_edges(rig_factory, hz: int) -
     Timed from the read, such an edge once broke the run: a false suspect and a 5 ms dip."""
     rig = rig_factory(debounce_ms=DEBOUNCE_MS, world={"hz": hz})
     rig.wait("boot", 15)
-    _steady(rig, hz)
+    rig.learned_hz(hz, 10)
     rng = random.Random(hz)
     for _ in range(40):
         rig.control.send(stall_ms=rng.randint(5, 13))
@@ -139,12 +136,12 @@ def test_mains_back_inside_a_stall_is_dated_from_the_count_not_the_wake(rig_fact
     60 Hz 8.33 ms each: counted as whole ms, 35 of them would date it 12 ms late)."""
     rig = rig_factory(debounce_ms=DEBOUNCE_MS, world={"hz": hz})
     rig.wait("boot", 15)
-    _steady(rig, hz)
+    rig.learned_hz(hz, 10)
     t0 = time.monotonic()
     cut = rig.control.send(mains=False)["uptime_ms"]
     rig.wait("mains_lost", 5, t0)
     time.sleep(0.5)
-    glitches = _state(rig)["glitches"]
+    glitches = rig.board_state()["glitches"]
     t1 = time.monotonic()
     rig.control.send(switch_in_stall_ms=20)
     back = rig.control.send(stall_ms=300)["uptime_ms"]
@@ -154,7 +151,7 @@ def test_mains_back_inside_a_stall_is_dated_from_the_count_not_the_wake(rig_fact
     # period before the read). Dated from the wake it would be 280 ms long.
     late = restored.info["data"]["outage_ms"] - (back - cut)
     assert -COUNT_MS - 2 <= late <= 3 * 1000 / (2 * hz) + 2, (restored.info, back - cut)
-    assert _state(rig)["glitches"] == glitches  # the return was never taken back
+    assert rig.board_state()["glitches"] == glitches  # the return was never taken back
     assert rig.count("mains_dip") == 0
 
 
@@ -164,7 +161,7 @@ def test_a_timed_gap_in_a_jittered_line_is_a_dip_of_its_length(rig_factory) -> N
     within a period of its length, and nothing else."""
     rig = rig_factory(debounce_ms=DEBOUNCE_MS, world={"hz": 60, "jitter_pct": 1, "ghost_hz": 20, "ghost_us": 2})
     rig.wait("boot", 15)
-    _steady(rig, 60)
+    rig.learned_hz(60, 10)
     bound = 1000 / 120 + COUNT_MS + 1
     for ms in (20, 80, 150):
         t0 = time.monotonic()
@@ -198,7 +195,7 @@ def test_the_bridge_journals_a_suspicion_and_a_dip_runs_their_hooks_and_alerts_n
         bridge_extra={"alerts": {"channels": [{"name": "phone", "url": ntfy.url("phone"), "min_severity": "info"}]}},
     )
     rig.wait("boot", 15)
-    _steady(rig, 50)
+    rig.learned_hz(50, 10)
     t0 = time.monotonic()
     rig.control.send(mains=False)
     time.sleep(0.06)

@@ -53,12 +53,12 @@ def test_one_dead_target_of_three_raises_nothing_and_all_dead_is_lost_within_3s(
     try:
         rig = rig_factory(firmware=_uplink(targets))
         rig.wait("boot", 15)
-        wait_for(lambda: rig.control.send(get="state")["state"]["uplink"] == "up", 10, "uplink up")
+        wait_for(lambda: rig.board_state()["uplink"] == "up", 10, "uplink up")
         assert dns.requests > 0  # the DNS target really was asked
 
         a.stop()  # one target of three: degraded, never lost
         time.sleep(3.0)
-        st = rig.control.send(get="state")["state"]
+        st = rig.board_state()
         assert st["uplink"] == "degraded", st
         by_name = {t["name"]: t for t in st["targets"]}
         assert by_name["a"]["loss_pct"] > 0 and by_name["b"]["loss_pct"] == 0
@@ -88,7 +88,7 @@ def test_a_dns_target_that_answers_servfail_is_down(rig_factory) -> None:
     servfail = UdpServer(lambda q: q[:2] + b"\x81\x82" + q[4:12] + q[12:] if len(q) >= 12 else None)
     try:
         rig = rig_factory(bridge=False, firmware=_uplink([{"kind": "dns", "host": "127.0.0.1", "port": servfail.port}]))
-        wait_for(lambda: rig.control.send(get="state")["state"]["uplink"] == "down", 15, "uplink down on SERVFAIL")
+        wait_for(lambda: rig.board_state()["uplink"] == "down", 15, "uplink down on SERVFAIL")
         assert servfail.requests >= 3
     finally:
         servfail.close()
@@ -103,14 +103,14 @@ def test_event_raised_while_the_broker_is_down_arrives_once_after_restart(rig_fa
     rig.broker.stop()
     rig.control.send(mains=False)
     time.sleep(rig.debounce_ms / 1000 + 1.0)
-    st = rig.control.send(get="state")["state"]
+    st = rig.board_state()
     assert st["mains"] is False and st["outbox_bytes"] > 0
     rig.broker.start()
     ev = rig.wait("mains_lost", 30)
     assert ev.info["data"]["on_battery"] is True
     time.sleep(2.0)  # anything sent twice would have come by now
     assert rig.count("mains_lost") == 1
-    wait_for(lambda: rig.control.send(get="state")["state"]["outbox_bytes"] == 0, 10, "outbox drained")
+    wait_for(lambda: rig.board_state()["outbox_bytes"] == 0, 10, "outbox drained")
 
 
 def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
@@ -123,7 +123,7 @@ def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
     time.sleep(rig.debounce_ms / 1000 + 1.5)  # and the outbox's position saved (once a second)
     rig.control.send(mains=False)
     time.sleep(rig.debounce_ms / 1000 + 0.5)
-    raised = rig.control.send(get="state")["state"]
+    raised = rig.board_state()
     assert raised["outbox_bytes"] > 0
     rig.control.raw(b'{"reset": true}')  # the supervisor boots it again, as the chip would
     wait_for(lambda: rig.emulator and rig.emulator.boots == 2, 15, "second boot")
@@ -164,7 +164,7 @@ def test_serial_only_delivery_with_the_wlan_down_then_deduplicated(rig_factory) 
     # A UART keeps nothing for a reader that is not there: cut only once the bridge holds the port.
     assert rig.bridge is not None
     wait_for(lambda: _serial_open(rig), 10, "the serial port open")
-    wait_for(lambda: rig.control.send(get="state")["state"]["outbox_bytes"] == 0, 15, "boot event receipted")
+    wait_for(lambda: rig.board_state()["outbox_bytes"] == 0, 15, "boot event receipted")
     rig.control.send(wlan=False)
     t0 = time.monotonic()
     rig.control.send(mains=False)
@@ -172,7 +172,7 @@ def test_serial_only_delivery_with_the_wlan_down_then_deduplicated(rig_factory) 
     assert ev.info["source"] == "serial"
     assert "runtime_s" not in ev.info["data"] or ev.info["data"]["runtime_s"] > 0
     # The bridge's receipt came back by the cable: the outbox lets it go with the WLAN still down.
-    wait_for(lambda: rig.control.send(get="state")["state"]["outbox_bytes"] == 0, 10, "receipted over serial")
+    wait_for(lambda: rig.board_state()["outbox_bytes"] == 0, 10, "receipted over serial")
     rig.control.send(wlan=True)  # the copy still queued for MQTT goes out now, and is a duplicate
     wait_for(lambda: rig.bridge.bridge.view(rig.sid).duplicates >= 1, 30, "the MQTT copy")
     time.sleep(1.0)
@@ -219,7 +219,7 @@ BATTERY = {"battery": {"pin": 34, "interval_ms": 200, "samples": 4, "low_pct": 3
 def test_battery_low_and_critical_with_hysteresis_carry_the_runtime(rig_factory) -> None:
     rig = rig_factory(firmware=BATTERY)
     rig.wait("boot", 15)
-    st = rig.control.send(get="state")["state"]
+    st = rig.board_state()
     assert st["battery_level"] == "ok" and st["runtime_s"] > 0
     rig.control.send(mains=False)
     on_batt = rig.wait("mains_lost", 10)
@@ -302,9 +302,9 @@ def test_relay_commands_run_once_and_forged_replayed_retained_are_refused(rig_fa
     assert relay() is True
 
     forged, cid = command.build(b"not-the-key-0123456789", rig.sid, boot, "off")
-    before = rig.control.send(get="state")["state"]["cmd_refused"]
+    before = rig.board_state()["cmd_refused"]
     _publish(rig, forged)
-    wait_for(lambda: rig.control.send(get="state")["state"]["cmd_refused"] > before, 5, "forged command refused")
+    wait_for(lambda: rig.board_state()["cmd_refused"] > before, 5, "forged command refused")
     assert not any(s.what == "ack" and s.info.get("id") == cid for s in rig.seen)
 
     # A broker sets the retain flag only on delivery to a new subscription (MQTT-3.3.1-9/12), so a
@@ -410,7 +410,7 @@ def test_a_pulse_over_the_serial_port_is_answered_there(rig_factory) -> None:
         assert ack and ack["ok"] is True and switched == [True, False], (ack, switched)
         assert rig.control.send(get="relay")["relay"] is False  # the pulse ended by itself
         port.write(b"this is not a command\n" + b"{" + b"x" * 100 + b"}\n")
-        wait_for(lambda: rig.control.send(get="state")["state"]["cmd_refused"] >= 1, 5, "garbage refused")
+        wait_for(lambda: rig.board_state()["cmd_refused"] >= 1, 5, "garbage refused")
     finally:
         port.close()
 
@@ -426,7 +426,7 @@ def test_the_modem_is_power_cycled_when_the_uplink_stays_down(rig_factory) -> No
     try:
         rig = rig_factory(firmware=fw)
         rig.wait("boot", 15)
-        wait_for(lambda: rig.control.send(get="state")["state"]["uplink"] == "up", 10, "uplink up")
+        wait_for(lambda: rig.board_state()["uplink"] == "up", 10, "uplink up")
         tgt.stop()
         rig.wait("uplink_lost", 10)
         on = rig.wait("relay", 10)
@@ -445,7 +445,7 @@ def _led_settles(rig: Rig, shown: str, period_ms: int, timeout: float) -> None:
     """The status LED shows `shown`, and its last two blinks had the pattern's period (+-15 %)."""
 
     def blinking() -> bool:
-        if rig.control.send(get="state")["state"]["led"] != shown:
+        if rig.board_state()["led"] != shown:
             return False
         periods = rig.control.send(get="led")["periods_ms"][-2:]
         return len(periods) == 2 and all(abs(p - period_ms) < period_ms * 0.15 for p in periods)
@@ -466,7 +466,7 @@ def test_the_status_led_says_ok_warning_and_error_by_its_blink(rig_factory) -> N
     rig.control.send(wlan=True)
     rig.control.send(mains=True)
     # Back to ok (its blink period was measured above; two more 3 s periods would prove nothing new).
-    wait_for(lambda: rig.control.send(get="state")["state"]["led"] == "ok", 30, "the LED back to ok")
+    wait_for(lambda: rig.board_state()["led"] == "ok", 30, "the LED back to ok")
 
 
 def _seed_nvs(rig: Rig, crashes: int) -> None:
@@ -483,7 +483,7 @@ def test_safe_mode_after_crash_loops_but_never_after_power_cycles(rig_factory, c
     boot = rig.wait("boot", 15)
     assert boot.info["data"]["safe_mode"] is safe
     assert boot.info["data"]["reset_cause"] == cause and boot.info["data"]["boot_count"] == 8
-    st = rig.control.send(get="state")["state"]
+    st = rig.board_state()
     assert st["safe_mode"] is safe and (st["relay"] is None) is safe
     # Safe or not, the power watch is on duty.
     rig.control.send(mains=False)

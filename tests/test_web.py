@@ -309,7 +309,7 @@ def test_the_dashboard_in_headless_chromium_shows_a_power_cut_within_2s(api, tmp
         assert mains.inner_text() == "on"
         # A 60 ms flicker first: on the timeline as a dip with its measured length (the edges fall
         # 10 ms apart at 50 Hz), never as a cut.
-        wait_for(lambda: rig.control.send(get="state")["state"]["mains_hz"] == 50, 10, "the line learned")
+        rig.learned_hz(50, 10)
         rig.control.send(dip_ms=60)
         # Any row of that length: a busy host can hold the emulator up long enough for the watch to
         # see a short dip of its own first (an open finding, bench/alert_latency.py's soak).

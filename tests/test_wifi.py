@@ -26,7 +26,7 @@ def test_the_emulated_wlan_behaves_as_the_esp32_port() -> None:
 def test_the_access_point_drops_ten_times_and_the_sentinel_never_resets(rig_factory) -> None:
     rig = rig_factory()
     rig.wait("boot", 15)
-    wait_for(lambda: rig.control.send(get="state")["state"]["wlan_joins"] == 1, 10, "first join")
+    wait_for(lambda: rig.board_state()["wlan_joins"] == 1, 10, "first join")
     cut_at = None
     for i in range(10):
         rig.control.send(wlan=False)
@@ -36,8 +36,8 @@ def test_the_access_point_drops_ten_times_and_the_sentinel_never_resets(rig_fact
             cut_at = rig.control.send(mains=False)["uptime_ms"]
             time.sleep(0.6)
         rig.control.send(wlan=True)
-        wait_for(lambda n=i: rig.control.send(get="state")["state"]["wlan_joins"] == n + 2, 15, f"rejoin {i + 1}")
-    st = rig.control.send(get="state")["state"]
+        wait_for(lambda n=i: rig.board_state()["wlan_joins"] == n + 2, 15, f"rejoin {i + 1}")
+    st = rig.board_state()
     assert st["wlan_errors"] == 0, st  # not one WLAN call raised: no connect() into a connecting driver
     assert st["boot_count"] == 1 and rig.emulator is not None and rig.emulator.boots == 1
     assert not [line for line in rig.lines if "Traceback" in line or "died" in line], rig.lines

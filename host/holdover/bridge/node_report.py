@@ -168,9 +168,7 @@ class NodeReport:
         latest = self.ups.latest if self.ups is not None and self.ups.problem is None else None
         ups = None
         if latest is not None and not latest.fixed:
-            rt = None if latest.runtime_s is None else round(latest.runtime_s)
-            ups = {"name": self.s.ups.name, "status": " ".join(sorted(latest.status)), "runtime_s": rt}
-            ups["charge"] = latest.charge
+            ups = {"name": self.s.ups.name, **latest.summary()}
         # The node is on battery when its UPS says so; without a UPS read, when a sentinel on its
         # circuit has lost mains (the host then runs on whatever keeps it up).
         on_battery = ups is not None and latest is not None and latest.on_battery

@@ -220,6 +220,25 @@ class Rig:
     def _hook(self, info: dict[str, Any]) -> None:
         self._add(Seen(time.monotonic(), f"hook:{info['event']}", info))
 
+    def board_state(self) -> dict[str, Any]:
+        """The firmware's own state (its watchers' readings and counters), asked on the control port."""
+        return self.control.send(get="state")["state"]
+
+    def wait_board(self, ok: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        """The board's state once `ok` holds for it; TimeoutError naming `what` and the last state."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.board_state()
+            if ok(st):
+                return st
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout}s; the board's state: {st}")
+            time.sleep(0.05)
+
+    def learned_hz(self, hz: int | str, timeout: float = 15.0) -> dict[str, Any]:
+        """Waits until the mains watch has learned the line's frequency (what a cut is timed against)."""
+        return self.wait_board(lambda st: st["mains_hz"] == hz, timeout, f"the line learned as {hz} Hz")
+
     def count(self, what: str, since: float = 0.0) -> int:
         with self._cv:
             return sum(1 for s in self.seen if s.what == what and s.at >= since)

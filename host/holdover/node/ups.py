@@ -57,6 +57,11 @@ class UpsReading:
         under = floor_s > 0 and self.runtime_s is not None and self.runtime_s < floor_s
         return "FSD" in self.status or (self.on_battery and ("LB" in self.status or under))
 
+    def summary(self) -> dict[str, Any]:
+        """The reading as events and the node's retained state carry it."""
+        rt = None if self.runtime_s is None else round(self.runtime_s)
+        return {"status": " ".join(sorted(self.status)), "runtime_s": rt, "charge": self.charge}
+
     def describe(self) -> str:
         if self.fixed:
             return f"no UPS read; runtime_s = {self.runtime_s:.0f} s from the config (a guess)"
@@ -201,8 +206,7 @@ class UpsWatch(Polling):
         self._lost_at: dict[str, float] = {}  # sentinel -> when its mains_lost came (monotonic)
 
     def _data(self, r: UpsReading, **more: Any) -> dict[str, Any]:
-        rt = None if r.runtime_s is None else round(r.runtime_s)
-        return {"ups": self.s.name, "status": " ".join(sorted(r.status)), "runtime_s": rt, "charge": r.charge, **more}
+        return {"ups": self.s.name, **r.summary(), **more}
 
     async def look(self) -> None:
         try:

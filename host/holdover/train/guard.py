@@ -731,10 +731,11 @@ class Guard:
     def _copied_later(self) -> Callable[[ckpt.Tensor], bool] | None:
         """Which captured tensors the snapshot may copy while the next forward pass runs: the
         hooked optimizer's parameters and its state, which only its step changes."""
-        if not (self.overlap and self._hooked and self.capture is None):
-            return None
-        ptrs = {p.data_ptr() for g in self.optimizer.param_groups for p in g["params"]}
-        ptrs |= {v.data_ptr() for st in self.optimizer.state.values() for v in st.values() if hasattr(v, "data_ptr")}
+        groups, states = getattr(self.optimizer, "param_groups", None), getattr(self.optimizer, "state", None)
+        if not (self.overlap and self._hooked and self.capture is None) or groups is None or states is None:
+            return None  # a wrapper that shows neither: everything is copied at the boundary
+        ptrs = {p.data_ptr() for g in groups for p in g["params"]}
+        ptrs |= {v.data_ptr() for st in states.values() for v in st.values() if hasattr(v, "data_ptr")}
         ptrs.discard(0)  # an empty tensor has no memory to name
         # A tensor on a device is held as itself (keepalive); on the host, by its address.
         return lambda t: (t.address if t.device == "cpu" else t.keepalive.data_ptr()) in ptrs
