@@ -209,12 +209,22 @@ class Board:
         self._synced = False
         self._serial_clients = []
         self._lines = line.Lines(SERIAL_BACKLOG)
+        self._irq_pin = None  # the mains pin on its IRQ path, once its edges are flowing
+        self._in_irq = False
         self._tick0 = time.ticks_ms()
         self._tick_start = int(opts.get("ticks-start", "0")) % TICKS_PERIOD
 
     # --- clock, identity, reset ---------------------------------------------------------
 
     def ticks_ms(self):
+        pin = self._irq_pin
+        if pin is not None and not self._in_irq:
+            # Soft IRQs pending run first, as at the chip's next bytecode (World.pulses).
+            self._in_irq = True
+            try:
+                self.world.soft_irqs(pin)
+            finally:
+                self._in_irq = False
         return (time.ticks_diff(time.ticks_ms(), self._tick0) + self._tick_start) & (TICKS_PERIOD - 1)
 
     def ticks_add(self, a, b):
@@ -421,6 +431,7 @@ class Board:
         # With a pulse counter the edges go to it, counted "in hardware"; else to the pin's IRQ.
         if pin is not None and c["mode"] == "pulse" and self._counter is None:
             self._tasks.append(asyncio.create_task(self.world.pulses(pin)))
+            self._irq_pin = pin
         print("# emu: control on %s:%d" % (host, port))
         if self.serial:
             await self._listen(

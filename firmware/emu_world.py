@@ -44,6 +44,7 @@ class World:
         self._on_since = None  # world µs since mains has been on
         self._edges_done = 0  # mains edges in the intervals that ended
         self._ghost_next = None
+        self._irq_seen = None  # mains edges already handed to the pin's IRQ handler
         self._mains_edit(self.state["mains"])
 
     def __getitem__(self, key):
@@ -143,19 +144,28 @@ class World:
             self._ghost_next += mean // 2 + mean * getrandbits(8) // 255
         return out
 
+    def soft_irqs(self, pin):
+        """The edges fallen since the last call, into the pin's IRQ handler as MicroPython's soft
+        IRQs run them: late by whatever held the VM, at most IRQ_QUEUE of them caught up after a
+        stall. No glitch filter on this path: every ghost is an edge."""
+        now = self.now_us()
+        edges = self.mains_edges(now)
+        if self._irq_seen is None:
+            self._irq_seen = edges
+        due = edges - self._irq_seen + len(self.ghosts_until(now))
+        self._irq_seen = edges
+        if pin.handler is not None:
+            for _ in range(min(due, IRQ_QUEUE)):
+                pin.handler(pin)
+        return now
+
     async def pulses(self, pin):
-        """The edge train, into the pin's IRQ handler as MicroPython's soft IRQs run it: late by
-        whatever held the VM, and at most IRQ_QUEUE of them caught up after a stall. No glitch
-        filter on this path: every ghost is an edge."""
-        seen = self.mains_edges(self.now_us())
+        """Runs the soft IRQs as the edges fall. The board also runs them before the firmware
+        reads its clock (board_emu.ticks_ms): on the chip a scheduled soft IRQ runs at the VM's
+        next bytecode, before the task that was held up with it, not when this task is next
+        scheduled; a poll that ran first would find no edge for as long as the VM was held."""
         while True:
-            now = self.now_us()
-            edges = self.mains_edges(now)
-            due = edges - seen + len(self.ghosts_until(now))
-            seen = edges
-            if pin.handler is not None:
-                for _ in range(min(due, IRQ_QUEUE)):
-                    pin.handler(pin)
+            now = self.soft_irqs(pin)
             # Wake just after the next edge can have fallen: its slot on the grid plus the jitter.
             p = self.period_us()
             j = self.jitter_us()

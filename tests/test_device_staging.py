@@ -7,6 +7,7 @@ its wait, so a Snapshot that did not wait would write zeros. The CUDA calls them
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from holdover.train import ckpt, device, state
+from holdover.train import ckpt, device, restore, state
 from holdover.train.ckpt.engine import StagingBuffer
 from holdover.train.guard import Guard
 
@@ -186,3 +187,43 @@ def test_a_cpu_only_run_never_reaches_cuda(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"resumed": 3, "device_module": False, "cuda_initialized": False}, out.stderr
+
+
+def test_a_resume_onto_a_gpu_page_locks_the_read_staging_for_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a destination on a GPU, load_into has the reader page-lock its staging buffers: each is
+    locked before a chunk lands in it and unlocked before the call returns (kept buffers go back as
+    every other user expects them); the state loads bit for bit. On the CPU nothing is locked."""
+    model, opt = _model()
+    d, _ = state.save(tmp_path, 1, model, opt)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    assert restore._page_lock(dict(model.state_dict()), print) is None  # CPU only: CUDA never asked
+
+    locked: list[tuple[int, int]] = []
+    unlocked: list[int] = []
+
+    def page_lock(address: int, size: int) -> Callable[[], None]:
+        locked.append((address, size))
+        return lambda: unlocked.append(address)
+
+    # Stands in for the choice a state on a GPU makes (device.pin_host, cudaHostRegister).
+    monkeypatch.setattr(restore, "_page_lock", lambda dest, log: page_lock)
+    landed: list[bool] = []
+    real_read = ckpt.read_into
+
+    def read_into(directory: Any, deliver: Any, *a: Any, **kw: Any) -> Any:
+        def check(name: str, offset: int, data: memoryview) -> None:
+            if len(data):
+                at = ctypes.addressof(ctypes.c_char.from_buffer(data))
+                landed.append(not unlocked and any(a <= at and at + len(data) <= a + n for a, n in locked))
+            deliver(name, offset, data)
+
+        return real_read(directory, check, *a, **kw)
+
+    monkeypatch.setattr(restore.ckpt, "read_into", read_into)
+    _train(model, opt)  # every tensor moves away from the checkpoint
+    restore.load_into(d, model, opt, threads=2)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in want.items())
+    assert landed and all(landed), landed  # every chunk read into locked memory
+    assert len(locked) >= 1 and sorted(unlocked) == sorted(a for a, _ in locked)  # each unlocked, once

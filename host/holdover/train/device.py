@@ -9,6 +9,9 @@ anything may change them: at the boundary for what a forward pass writes (buffer
 next optimizer step for the parameters and their moments, whose copies overlap the forward pass
 (Guard's pre-hook on optimizer.step() holds the step until then).
 
+Resume goes the other way through the reader's staging buffers, page-locked for the load by
+pin_host (restore.load_into asks for it only when a destination is on a GPU).
+
 Untried on a GPU: this machine has none. What ran here is the byte placement (`copy_to_host`,
 the same call the CUDA path makes) on CPU tensors, and the Snapshot's use of a stager.
 """
@@ -39,6 +42,19 @@ def copy_to_host(address: int, src: torch.Tensor, nbytes: int, non_blocking: boo
     host_bytes(address, nbytes).copy_(src, non_blocking=non_blocking)
 
 
+def pin_host(address: int, size: int, what: str, log: Callable[[str], None]) -> Callable[[], None]:
+    """Page-locks host memory for DMA (cudaHostRegister); returns what unregisters it."""
+    cudart = torch.cuda.cudart()
+    try:
+        torch.cuda.check_error(cudart.cudaHostRegister(address, size, 0))
+    except RuntimeError as e:
+        # Still correct unpinned: each copy then goes through the driver's own bounce buffer
+        # and holds the host for its length.
+        log(f"holdover: could not pin the {size >> 20} MB {what} ({e}); device copies are slower")
+        return lambda: None
+    return lambda: torch.cuda.check_error(cudart.cudaHostUnregister(address))
+
+
 class CudaStager:
     """The Snapshot's Stager for CUDA tensors (see holdover.train.ckpt.snapshot)."""
 
@@ -47,15 +63,7 @@ class CudaStager:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def pin(self, address: int, size: int) -> Callable[[], None]:
-        cudart = torch.cuda.cudart()
-        try:
-            torch.cuda.check_error(cudart.cudaHostRegister(address, size, 0))
-        except RuntimeError as e:
-            # Still correct unpinned: each copy then goes through the driver's own bounce buffer
-            # and holds the host for its length.
-            self.log(f"holdover: could not pin the {size >> 20} MB snapshot buffer ({e}); device copies are slower")
-            return lambda: None
-        return lambda: torch.cuda.check_error(cudart.cudaHostUnregister(address))
+        return pin_host(address, size, "snapshot buffer", self.log)
 
     def to_host(self, items: Sequence[tuple[int, Any, int]]) -> Callable[[], None]:
         events: list[torch.cuda.Event] = []

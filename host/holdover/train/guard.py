@@ -841,7 +841,7 @@ class Guard:
     def _load(self, directory: Path) -> Any:
         from holdover.train import restore
 
-        return restore.load_into(directory, self.model, self.optimizer, self.scheduler, self.threads)
+        return restore.load_into(directory, self.model, self.optimizer, self.scheduler, self.threads, log=self.log)
 
     def _resumed(self, loaded: Any, directory: Path, passed_over: list[tuple[Path, str]] | None = None) -> int:
         # What the run got and why: the newest checkpoints it passed over, each with its fault.

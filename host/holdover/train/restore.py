@@ -9,12 +9,15 @@ caller loads an older checkpoint over them in full (Guard.resume does); optimize
 created is taken back first, so nothing of the failed attempt outlives it.
 
 A destination on a GPU takes the copy host-to-device from the checked staging buffer (torch's
-copy_ from a CPU tensor); nothing here touches CUDA for a CPU-only run. Untried on a GPU.
+copy_ from a CPU tensor). The staging buffers are then page-locked for the call
+(holdover.train.device.pin_host), so each copy is DMA from them rather than a copy through the
+driver's bounce buffer; nothing here touches CUDA for a CPU-only run. Untried on a GPU.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +96,7 @@ def load_into(
     scheduler: Any = None,
     threads: int = ckpt.THREADS,
     restore_rng: bool = True,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ) -> state.Loaded:
     """Read, check and copy one checkpoint into the live objects; returns what was loaded (its
     `tensors` hold only the RNG states). Raises CheckpointError naming a bad file or a tensor that
@@ -141,7 +145,7 @@ def load_into(
                 if a < b and src is not None:
                     p.dest[a - p.start : b - p.start].copy_(src[a - offset : b - offset])
 
-        ckpt.read_into(directory, deliver, threads, manifest=manifest)
+        ckpt.read_into(directory, deliver, threads, manifest=manifest, page_lock=_page_lock(dest, log))
         for places in plan.values():
             for p in places:
                 if p.after is not None:
@@ -152,6 +156,16 @@ def load_into(
     loaded = state.Loaded(directory, manifest, rng, train)
     state.apply_rest(loaded, optimizer, scheduler, restore_rng)
     return loaded
+
+
+def _page_lock(dest: dict[str, torch.Tensor], log: Callable[[str], None]) -> ckpt.PageLock | None:
+    """What page-locks the reader's staging, for a state with a tensor on a GPU; None without one
+    (CUDA is never touched then)."""
+    if not any(t.device.type == "cuda" for t in dest.values()):
+        return None
+    from holdover.train import device
+
+    return lambda address, size: device.pin_host(address, size, "read staging buffer", log)
 
 
 def _places(

@@ -35,7 +35,7 @@ Everything public is here as ``holdover.train.ckpt.X``.
 
 from holdover.files import fsync_dir
 from holdover.train.ckpt import iomode
-from holdover.train.ckpt.engine import CHUNK, MIN_CHUNK, STAGING, THREADS, chunk_size
+from holdover.train.ckpt.engine import CHUNK, MIN_CHUNK, STAGING, THREADS, PageLock, chunk_size
 from holdover.train.ckpt.format import (
     ALIGN,
     DAMAGED_PREFIX,
@@ -79,6 +79,7 @@ __all__ = [
     "CheckpointError",
     "FileEntry",
     "Manifest",
+    "PageLock",
     "Progress",
     "Shard",
     "Snapshot",

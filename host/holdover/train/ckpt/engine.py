@@ -127,8 +127,17 @@ class KeptBuffers:
 kept = KeptBuffers()
 
 
+# Page-locks host memory (address, bytes) for a device's DMA; returns what undoes it.
+PageLock = Callable[[int, int], Callable[[], None]]
+
+
 def run_jobs(
-    jobs: list[Any], threads: int, size: int, work: Callable[[Any, StagingBuffer], None], keep: bool = False
+    jobs: list[Any],
+    threads: int,
+    size: int,
+    work: Callable[[Any, StagingBuffer], None],
+    keep: bool = False,
+    page_lock: PageLock | None = None,
 ) -> None:
     """Run work(job, staging) on `threads` threads; the first exception stops the others taking
     new jobs and is raised here.
@@ -147,6 +156,7 @@ def run_jobs(
     ring: collections.deque[StagingBuffer] = collections.deque(
         kept.take(size) if keep else StagingBuffer(size) for _ in range(count)
     )
+    unlock: list[Callable[[], None]] = []
 
     def worker() -> None:
         try:
@@ -167,6 +177,9 @@ def run_jobs(
 
     n = max(1, min(threads, len(jobs)))
     try:
+        # Locked for this call only: a kept buffer goes back unlocked, as its other users expect.
+        for st in ring if page_lock is not None else ():
+            unlock.append(page_lock(st.address, st.size))
         if n == 1:
             worker()
         else:
@@ -176,6 +189,8 @@ def run_jobs(
             for t in pool:
                 t.join()
     finally:
+        for undo in unlock:
+            undo()
         for st in ring:
             if keep:
                 kept.give(st)

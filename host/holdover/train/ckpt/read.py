@@ -12,7 +12,7 @@ from typing import Any
 
 import xxhash
 
-from holdover.train.ckpt.engine import CHUNK, THREADS, StagingBuffer, interleaved, open_for_read, run_jobs
+from holdover.train.ckpt.engine import CHUNK, THREADS, PageLock, StagingBuffer, interleaved, open_for_read, run_jobs
 from holdover.train.ckpt.format import (
     ALIGN,
     MANIFEST,
@@ -109,6 +109,7 @@ def _read(
     keep: bool = False,
     deliver: Deliver | None = None,
     manifest: Manifest | None = None,
+    page_lock: PageLock | None = None,
 ) -> tuple[Manifest, dict[str, mmap.mmap]]:
     """The one reader behind verify and load: every chunk of every file read from the media
     (O_DIRECT where allowed) by `threads` threads at once and checked against the manifest."""
@@ -127,7 +128,7 @@ def _read(
         longest = max((min(f.chunk, f.size) for f in files), default=0)
         # A reader handing chunks on holds each whole chunk, checked, in its staging.
         size = 0 if whole else max(ALIGN, round_up(longest)) if deliver else min(CHUNK, max(ALIGN, round_up(longest)))
-        run_jobs(interleaved(files), threads, size, _read_job, keep=keep)
+        run_jobs(interleaved(files), threads, size, _read_job, keep=keep, page_lock=page_lock)
     except BaseException:
         for f in files:
             if f.buf is not None:
@@ -200,10 +201,14 @@ def read_into(
     threads: int = THREADS,
     direct: bool = True,
     manifest: Manifest | None = None,
+    page_lock: PageLock | None = None,
 ) -> Manifest:
     """Read and check every chunk of a checkpoint into staging buffers and hand each one, once
     checked, to deliver(file name, offset, bytes) on the reading thread (so deliveries run in
     parallel, each chunk exactly once, in no order). What deliver keeps of the bytes it must copy:
     the buffer is the next chunk's. Raises CheckpointError at the first bad chunk, after which
-    some chunks were delivered and others not."""
-    return _read(Path(directory), threads, direct, whole=False, deliver=deliver, manifest=manifest)[0]
+    some chunks were delivered and others not. `page_lock` page-locks each staging buffer for the
+    call (a GPU's copies out of it are then DMA, not the driver's bounce buffer)."""
+    return _read(
+        Path(directory), threads, direct, whole=False, deliver=deliver, manifest=manifest, page_lock=page_lock
+    )[0]
