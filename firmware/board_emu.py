@@ -210,21 +210,15 @@ class Board:
         self._serial_clients = []
         self._lines = line.Lines(SERIAL_BACKLOG)
         self._irq_pin = None  # the mains pin on its IRQ path, once its edges are flowing
-        self._in_irq = False
         self._tick0 = time.ticks_ms()
         self._tick_start = int(opts.get("ticks-start", "0")) % TICKS_PERIOD
 
     # --- clock, identity, reset ---------------------------------------------------------
 
     def ticks_ms(self):
-        pin = self._irq_pin
-        if pin is not None and not self._in_irq:
+        if self._irq_pin is not None:
             # Soft IRQs pending run first, as at the chip's next bytecode (World.pulses).
-            self._in_irq = True
-            try:
-                self.world.soft_irqs(pin)
-            finally:
-                self._in_irq = False
+            self.world.soft_irqs(self._irq_pin)
         return (time.ticks_diff(time.ticks_ms(), self._tick0) + self._tick_start) & (TICKS_PERIOD - 1)
 
     def ticks_add(self, a, b):

@@ -45,6 +45,7 @@ class World:
         self._edges_done = 0  # mains edges in the intervals that ended
         self._ghost_next = None
         self._irq_seen = None  # mains edges already handed to the pin's IRQ handler
+        self._in_irq = False  # a handler reading the clock must not run the IRQs again
         self._mains_edit(self.state["mains"])
 
     def __getitem__(self, key):
@@ -149,14 +150,20 @@ class World:
         IRQs run them: late by whatever held the VM, at most IRQ_QUEUE of them caught up after a
         stall. No glitch filter on this path: every ghost is an edge."""
         now = self.now_us()
+        if self._in_irq:
+            return now
         edges = self.mains_edges(now)
         if self._irq_seen is None:
             self._irq_seen = edges
         due = edges - self._irq_seen + len(self.ghosts_until(now))
         self._irq_seen = edges
         if pin.handler is not None:
-            for _ in range(min(due, IRQ_QUEUE)):
-                pin.handler(pin)
+            self._in_irq = True
+            try:
+                for _ in range(min(due, IRQ_QUEUE)):
+                    pin.handler(pin)
+            finally:
+                self._in_irq = False
         return now
 
     async def pulses(self, pin):

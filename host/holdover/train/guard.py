@@ -160,7 +160,6 @@ class Guard:
         # the loop pays the copy (and a wait when the previous save is still writing).
         self.background = background
         self.overlap = overlap  # and the parameters' copy overlapped with the next forward pass
-        self._hooked = False  # the pre-hook on optimizer.step() is in: the overlap needs it
         # How checkpoint files are written: "direct" (O_DIRECT), "buffered", or "auto": per device,
         # the faster of the two as its first large periodic saves measured them (ckpt.iomode).
         if io not in ("auto", "direct", "buffered"):
@@ -210,7 +209,6 @@ class Guard:
         # update, so it never saves from outside the loop.
         hook = _step_pre_hook(self.optimizer, self._updating) if self.optimizer is not None else None
         if hook is not None:
-            self._hooked = True
             self._hooks.append(hook)
             self._watchdog = threading.Thread(target=self._watch, name="holdover-watchdog", daemon=True)
             self._watchdog.start()
@@ -732,7 +730,9 @@ class Guard:
         """Which captured tensors the snapshot may copy while the next forward pass runs: the
         hooked optimizer's parameters and its state, which only its step changes."""
         groups, states = getattr(self.optimizer, "param_groups", None), getattr(self.optimizer, "state", None)
-        if not (self.overlap and self._hooked and self.capture is None) or groups is None or states is None:
+        # The watchdog runs exactly when the pre-hook on optimizer.step() is in, which the overlap needs.
+        hooked = self._watchdog is not None
+        if not (self.overlap and hooked and self.capture is None) or groups is None or states is None:
             return None  # a wrapper that shows neither: everything is copied at the boundary
         ptrs = {p.data_ptr() for g in groups for p in g["params"]}
         ptrs |= {v.data_ptr() for st in states.values() for v in st.values() if hasattr(v, "data_ptr")}
