@@ -15,7 +15,7 @@ import torch
 import xxhash
 
 from holdover.train import ckpt, state
-from holdover.train.ckpt import engine
+from holdover.train.ckpt import engine, write
 from holdover.train.guard import Guard
 from support import small_tmpfs
 
@@ -70,6 +70,35 @@ def test_one_huge_tensor_and_many_small_ones_round_trip_bit_for_bit(tmp_path: Pa
     from safetensors.numpy import load_file
 
     assert load_file(str(d / "shard_000.safetensors"))["huge"].tobytes() == bytes(huge.keepalive)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_snapshot_goes_to_the_disk_where_it_lies_byte_for_byte_as_from_the_tensors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    shards = [
+        ckpt.Shard("shard_000.safetensors", [_tensor("huge", (21 << 20) + 4097, 3)], {"kind": "model"}),
+        ckpt.Shard("shard_001.safetensors", [_tensor(f"s{i}", 1000 + 37 * i, 20 + i) for i in range(50)]),
+        ckpt.Shard("shard_002.safetensors", [_tensor("empty", 0, 4)]),
+    ]
+    live, _ = ckpt.save(tmp_path / "live", 5, shards, blobs={"train.json": b"{}"}, threads=3, direct=direct)
+    snap = ckpt.Snapshot()
+    snap.take([ckpt.Shard("big.safetensors", [_tensor("old", 30 << 20, 9)])])  # a used buffer: no zeros left
+    gathered: list[str] = []
+    gather = write.FileWriter.gather
+    monkeypatch.setattr(write.FileWriter, "gather", lambda f, i, dst: gathered.append(f.path.name) or gather(f, i, dst))
+    copies = snap.take(shards)
+    d, manifest = ckpt.save(tmp_path / "snap", 5, copies, blobs={"train.json": b"{}"}, threads=3, direct=direct)
+    assert set(gathered) == {"train.json"}  # every shard went from the snapshot, none was gathered
+    assert manifest.meta["io"] == ("direct" if direct else "buffered")
+    for f in manifest.files:
+        assert (d / f.name).read_bytes() == (live / f.name).read_bytes(), f.name
+    assert ckpt.verify(d).step == 5
+    # A shard whose image is not its file is refused, not written.
+    wrong = ckpt.Shard(copies[1].name, copies[1].tensors[1:], copies[1].metadata, copies[1].image)
+    with pytest.raises(ckpt.CheckpointError, match=r"shard_001\.safetensors: its image in memory is not its file"):
+        ckpt.save(tmp_path / "wrong", 5, [wrong])
+    snap.close()
 
 
 def test_a_flipped_byte_in_any_chunk_is_caught_and_named(tmp_path: Path) -> None:

@@ -232,6 +232,12 @@ def test_status_and_events_read_an_end_to_end_journal_with_the_bridge_down(rig_f
     rig.wait("boot", 15)
     rig.control.send(mains=False)
     rig.wait("mains_lost", 5)
+
+    def state_journaled() -> bool:  # the retained state follows the event in its own message
+        with Journal(rig.dir / "journal.db") as j:
+            return ((j.sentinel("demo") or {}).get("state") or {}).get("mains") is False
+
+    wait_for(state_journaled, 5, "the state with mains off, journaled")
     rig.close()  # bridge, broker and sentinel all gone: the journal is what is left
     cfg = rig.dir / "holdover.toml"
     env = {**os.environ, "HOLDOVER_REGISTRY": str(rig.dir / "reg")}

@@ -65,6 +65,10 @@ class Shard:
     name: str  # file name without directory, e.g. shard_000.safetensors
     tensors: list[Tensor]
     metadata: dict[str, str] = field(default_factory=dict)
+    # The file itself, byte for byte (header, then the tensors), already in memory: a Snapshot
+    # lays its copies out this way, starting on a block and zero-padded to a whole block, so the
+    # writer hands it to the disk (O_DIRECT) and hashes it where it lies, without gathering it.
+    image: memoryview | None = None
 
     @property
     def nbytes(self) -> int:

@@ -7,6 +7,11 @@ deadlock in the child (locks held by threads that do not exist there) and pays a
 page the parent then writes, which is every page of the model. The buffer is kept for the next
 snapshot, so first-touch of fresh memory (about as dear as the copy itself on this VM) is paid once.
 
+The buffer holds each shard as its file, byte for byte: the safetensors header, then the tensors,
+each file starting on a block and padded to one. The writer then hashes and writes every chunk
+where it lies (O_DIRECT straight from the snapshot) instead of gathering it into a staging buffer
+first: one copy of the state instead of two, and the cores that copy no more are training's.
+
 Tensors on a device (a GPU) are copied into the same buffer by a Stager the caller hands in
 (holdover.train.device for CUDA): the buffer is pinned once, when made, so the device-to-host
 copies are DMA on a side stream; they run while the host tensors are copied here, and take returns
@@ -20,10 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from holdover.train.ckpt.engine import THREADS, StagingBuffer, run_jobs
-from holdover.train.ckpt.format import CheckpointError, Shard, Tensor
+from holdover.train.ckpt.format import ALIGN, CheckpointError, Shard, Tensor, round_up, safetensors_header
 
 PIECE = 64 << 20  # copy jobs: large tensors split so every thread has work
-ALIGN_TENSOR = 64  # each tensor's copy starts on a cache line, as torch's allocator places them
 
 
 class Stager(Protocol):
@@ -72,32 +76,36 @@ class Snapshot:
         on_device = next((t for s in shards for t in s.tensors if t.device != "cpu"), None)
         if on_device is not None and stager is None:
             raise CheckpointError(f"{on_device.name} is on {on_device.device} and no stager copies it to the host")
-        offsets, total = _layout(shards)
+        headers = [safetensors_header(s) for s in shards]
+        starts, total = _layout(shards, headers)
         if self.buf is None or self.buf.size < total or (on_device is not None and self._unpin is None):
             self.close()
             self.buf = StagingBuffer(max(total, 1))
             if on_device is not None and stager is not None:
                 # Pinned once per buffer: registering GBs of pages costs about as much as a copy.
                 self._unpin = stager.pin(self.buf.address, self.buf.size)
-        base = self.buf.address
+        base, view = self.buf.address, self.buf.view
         # (destination, source, length) for host tensors, (destination, device tensor, length)
         # for device ones; [0] copied now, [1] later.
         jobs: tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]] = ([], [])
         device: tuple[list[tuple[int, Any, int]], list[tuple[int, Any, int]]] = ([], [])
         out: list[Shard] = []
-        k = 0
-        for s in shards:
+        for s, header, start in zip(shards, headers, starts, strict=True):
+            size = len(header) + s.nbytes
+            view[start : start + len(header)] = header
+            # Zeros to the block's end: O_DIRECT writes the last chunk whole (the file is cut back).
+            ctypes.memset(base + start + size, 0, round_up(size) - size)
             copied = []
+            dst = base + start + len(header)
             for t in s.tensors:
-                dst = base + offsets[k]
                 when = 1 if later is not None and later(t) else 0
                 if t.device != "cpu":
                     device[when].append((dst, t.keepalive, t.nbytes))
                 for a in range(0, t.nbytes if t.device == "cpu" else 0, PIECE):
                     jobs[when].append((dst + a, t.address + a, min(PIECE, t.nbytes - a)))
                 copied.append(Tensor(t.name, t.dtype, list(t.shape), dst, t.nbytes, self.buf))
-                k += 1
-            out.append(Shard(s.name, copied, dict(s.metadata)))
+                dst += t.nbytes
+            out.append(Shard(s.name, copied, dict(s.metadata), view[start : start + round_up(size)]))
         # Every device copy starts now, on a stream that waits for the step's last kernels: the
         # later ones overlap the next forward pass, which does not change what they copy.
         waits = [stager.to_host(d) if d and stager is not None else None for d in device]
@@ -107,7 +115,7 @@ class Snapshot:
     @staticmethod
     def size_of(shards: Sequence[Shard]) -> int:
         """The buffer a snapshot of `shards` takes."""
-        return _layout(shards)[1]
+        return _layout(shards, [safetensors_header(s) for s in shards])[1]
 
     def close(self) -> None:
         if self._unpin is not None:
@@ -127,12 +135,11 @@ def _copy(jobs: list[tuple[int, int, int]], threads: int, wait: Callable[[], Non
             wait()  # the loop may change the device tensors again once this returns
 
 
-def _layout(shards: Sequence[Shard]) -> tuple[list[int], int]:
-    """Each tensor's offset in the buffer, and the buffer's size."""
-    offsets: list[int] = []
+def _layout(shards: Sequence[Shard], headers: Sequence[bytes]) -> tuple[list[int], int]:
+    """Where each shard's file starts in the buffer (on a block), and the buffer's size."""
+    starts: list[int] = []
     total = 0
-    for s in shards:
-        for t in s.tensors:
-            offsets.append(total)
-            total += -(-t.nbytes // ALIGN_TENSOR) * ALIGN_TENSOR
-    return offsets, total
+    for s, header in zip(shards, headers, strict=True):
+        starts.append(total)
+        total += round_up(len(header) + s.nbytes, ALIGN)
+    return starts, total

@@ -52,8 +52,9 @@ class FileWriter:
     so any thread can write any chunk of any file without waiting for another.
     """
 
-    def __init__(self, path: Path, parts: list[tuple[int, int]], keep: Any) -> None:
+    def __init__(self, path: Path, parts: list[tuple[int, int]], keep: Any, image: memoryview | None = None) -> None:
         self.path = path
+        self.image = image  # the file's bytes laid out in memory (Shard.image): chunks go from there
         self.pieces: list[tuple[int, int, int]] = []
         offset = 0
         for address, n in parts:
@@ -75,6 +76,12 @@ class FileWriter:
             # Its address is not host memory: reading it would fault, not fail.
             raise CheckpointError(f"{shard.name}: {on_device.name} is on {on_device.device}, not staged to host memory")
         header = safetensors_header(shard)
+        if shard.image is not None:
+            size = len(header) + shard.nbytes
+            if len(shard.image) < round_up(size) or shard.image[: len(header)] != header:
+                raise CheckpointError(f"{shard.name}: its image in memory is not its file (a snapshot laid out wrong)")
+            # One part of the file's size; gather never runs on an image, so it has no address.
+            return cls(directory / shard.name, [(0, size)], shard, shard.image)
         hbuf = ctypes.create_string_buffer(header, len(header))
         parts = [(ctypes.addressof(hbuf), len(header))] + [(t.address, t.nbytes) for t in shard.tensors]
         return cls(directory / shard.name, parts, (hbuf, shard))
@@ -114,15 +121,19 @@ class FileWriter:
 
 
 def _write_chunk(f: FileWriter, i: int, st: StagingBuffer) -> int:
-    n = f.gather(i, st.address)
-    f.hashes[i] = xxhash.xxh3_128(st.view[:n]).hexdigest()  # the bytes handed to the disk
-    length = n
-    if f.direct and n % ALIGN:
-        # O_DIRECT writes whole blocks: pad the tail; the file is cut back to its size when done.
-        length = round_up(n)
-        ctypes.memset(st.address + n, 0, length - n)
-    view = st.view[:length]
     base = i * f.chunk
+    if f.image is not None:
+        n = min(f.chunk, f.size - base)
+        src = f.image[base:]  # zero-padded to its block's end already
+    else:
+        n = f.gather(i, st.address)
+        src = st.view
+        if f.direct and n % ALIGN:
+            # O_DIRECT writes whole blocks: pad the tail; the file is cut back to its size when done.
+            ctypes.memset(st.address + n, 0, round_up(n) - n)
+    f.hashes[i] = xxhash.xxh3_128(src[:n]).hexdigest()  # the bytes handed to the disk
+    length = round_up(n) if f.direct else n
+    view = src[:length]
     done = 0
     while done < length:
         done += os.pwrite(f.fd, view[done:], base + done)
