@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from holdover.train.say import Log, stderr
 from holdover.train.state import flat_bytes
 
 
@@ -42,7 +43,7 @@ def copy_to_host(address: int, src: torch.Tensor, nbytes: int, non_blocking: boo
     host_bytes(address, nbytes).copy_(src, non_blocking=non_blocking)
 
 
-def pin_host(address: int, size: int, what: str, log: Callable[[str], None]) -> Callable[[], None]:
+def pin_host(address: int, size: int, what: str, log: Log) -> Callable[[], None]:
     """Page-locks host memory for DMA (cudaHostRegister); returns what unregisters it."""
     cudart = torch.cuda.cudart()
     try:
@@ -58,7 +59,7 @@ def pin_host(address: int, size: int, what: str, log: Callable[[str], None]) -> 
 class CudaStager:
     """The Snapshot's Stager for CUDA tensors (see holdover.train.ckpt.snapshot)."""
 
-    def __init__(self, log: Callable[[str], None] = print) -> None:
+    def __init__(self, log: Log = stderr) -> None:
         self.log = log
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 

@@ -50,18 +50,13 @@ from pathlib import Path
 from typing import Any
 
 from holdover.train import ckpt, job, memory, registry
+from holdover.train.say import Log, stderr
 from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, drift, warmup_factor
-
-Log = Callable[[str], None]
 
 # Left free after a snapshot buffer is made: what the loop's own allocations (a batch, activations
 # on a CPU run) may still take. A snapshot that would eat into it is not made: an OOM kill of the
 # run by its own checkpointing is the worst outcome there is.
 SNAPSHOT_HEADROOM = 1 << 30
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # (step, the caller's extras) -> (the shards to write, the training state as JSON-able data)
@@ -92,7 +87,7 @@ class Guard:
         background: bool = True,
         overlap: bool = True,
         io: str = "auto",
-        log: Log = _stderr,
+        log: Log = stderr,
     ) -> None:
         self.name = name or os.environ.get("HOLDOVER_RUN_NAME") or Path(sys.argv[0] or "train").stem or "train"
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler

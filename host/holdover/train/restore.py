@@ -17,7 +17,6 @@ driver's bounce buffer; nothing here touches CUDA for a CPU-only run. Untried on
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 
 from holdover.errors import HoldoverError
 from holdover.train import ckpt, state
+from holdover.train.say import Log, stderr
 
 
 class DoesNotFit(HoldoverError, ValueError):
@@ -96,7 +96,7 @@ def load_into(
     scheduler: Any = None,
     threads: int = ckpt.THREADS,
     restore_rng: bool = True,
-    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+    log: Log = stderr,
 ) -> state.Loaded:
     """Read, check and copy one checkpoint into the live objects; returns what was loaded (its
     `tensors` hold only the RNG states). Raises CheckpointError naming a bad file or a tensor that
@@ -158,7 +158,7 @@ def load_into(
     return loaded
 
 
-def _page_lock(dest: dict[str, torch.Tensor], log: Callable[[str], None]) -> ckpt.PageLock | None:
+def _page_lock(dest: dict[str, torch.Tensor], log: Log) -> ckpt.PageLock | None:
     """What page-locks the reader's staging, for a state with a tensor on a GPU; None without one
     (CUDA is never touched then)."""
     if not any(t.device.type == "cuda" for t in dest.values()):
