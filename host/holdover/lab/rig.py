@@ -150,6 +150,22 @@ class Rig:
             (self.dir / "board").mkdir(exist_ok=True)
             world = {"mains": True, "battery_v": 4.1, "wlan": True, **self.world}
             (self.dir / "board" / "world.json").write_text(json.dumps(world))
+        for attempt in range(3):
+            try:
+                self._boot(fw)
+                return
+            except EmulatorError:
+                # free_port() freed the port it found; under a parallel test run another process
+                # may take it before the board binds it. Only that is retried, on a fresh port.
+                if attempt == 2 or not any("in use by another process" in line for line in self.lines[-8:]):
+                    raise
+                assert self.emulator is not None
+                self.emulator.stop()
+                self.control.close()
+                self.control_addr = ("127.0.0.1", free_port())
+                self.control = Control(*self.control_addr)
+
+    def _boot(self, fw: Path) -> None:
         self.emulator = Emulator(
             fw,
             self.control_addr,
