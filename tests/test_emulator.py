@@ -13,8 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from holdover.board.emulator import EmulatorError
+from holdover.board.emulator import Control, EmulatorError
 from holdover.lab.broker import free_port
+from holdover.lab.rig import Rig
 from support import HOLDOVER, wait_for
 
 
@@ -133,14 +134,10 @@ def test_an_emulator_that_exits_at_boot_is_named_at_once_with_its_last_words(rig
 def test_a_control_port_taken_before_the_board_binds_it_is_retried_on_another(tmp_path: Path) -> None:
     """free_port() lets go of the port it found; under a parallel run another process can take it
     first (CI saw it). The rig boots the board again on a fresh port, and only for that reason."""
-    from holdover.lab.rig import Rig
-
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))  # bound, not listening: the board's bind fails, a connect is refused
     r = Rig(tmp_path / "rig")
     try:
-        from holdover.board.emulator import Control
-
         taken = squatter.getsockname()
         r.control_addr = taken
         r.control = Control(*taken)
