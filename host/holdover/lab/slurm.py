@@ -220,6 +220,7 @@ PartitionName=gpu Nodes={names} Default=YES MaxTime=INFINITE State=UP
             [*self._enter("ctl"), *argv],
             timeout=timeout,
             env={**os.environ, "SLURM_CONF": str(self.conf)},
+            cwd=self.dir,  # sbatch writes its default slurm-%j.out where it was submitted: here, not the caller's tree
             stderr_apart=True,
         )
         if not r.ok:
