@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench deps deps-demo dist clean
+.PHONY: demo test site-test lint bench deps deps-demo dist clean
 # What the wheel test installs from (the suite runs with no network): holdover's dependencies.
 WHEELHOUSE := .cache/wheelhouse
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
@@ -16,6 +16,13 @@ test: $(TEST_STAMP) $(WHEELHOUSE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	scripts/sealed $(VENV)/bin/pytest
+
+# The site tier: holdover from its wheel on Debian 12 machines with systemd as PID 1 (systemd-nspawn),
+# beside Debian's own mosquitto and NUT, deployed as docs/service.md and docs/nut.md say. The image is
+# built once (network: deb.debian.org), outside the checkout; the tests run sealed.
+site-test: $(TEST_STAMP) $(WHEELHOUSE_STAMP)
+	@bash scripts/ensure-system-deps.sh site
+	HOLDOVER_SITE_IMAGE=$$(scripts/site-image) scripts/sealed $(VENV)/bin/pytest tests_site -n 0 -p no:cacheprovider
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages holdover's demo and tests need: Mosquitto (the tests start their own on
 # loopback; the system service is never used) and Python's venv module.
-# `ensure-system-deps.sh demo` checks only what the demo needs.
+# `ensure-system-deps.sh demo` checks only what the demo needs; `site`, what the site tier adds.
 set -euo pipefail
 for_what=${1:-test}
 need=()
@@ -9,7 +9,11 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mos
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 # gcore (gdb) dumps a training process that cannot checkpoint in time; tmux hosts `holdover launch`;
 # iproute2 (ip, and unshare from util-linux) seals the tests off the network.
-if [ "$for_what" != demo ]; then
+if [ "$for_what" = site ]; then
+  # The site tier: mmdebstrap builds its Debian 12 image, systemd-nspawn boots it.
+  command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+  command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
+elif [ "$for_what" != demo ]; then
   command -v gdb >/dev/null 2>&1 || need+=(gdb)
   command -v tmux >/dev/null 2>&1 || need+=(tmux)
   command -v ip >/dev/null 2>&1 || need+=(iproute2)

@@ -3,6 +3,8 @@ share that is not a fixture is in support.py."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,3 +33,13 @@ def ntfy():
     n = Ntfy().start()
     yield n
     n.stop()
+
+
+@pytest.fixture
+def site_dir() -> Iterator[Path]:
+    """A directory the packaged daemons' users (mosquitto, nut) can enter, as /etc/holdover is on a
+    server: pytest's own tmp_path sits under root's 0700 tree, where they could read nothing."""
+    where = Path(tempfile.mkdtemp(prefix="holdover-site-", dir="/tmp"))
+    where.chmod(0o755)
+    yield where
+    shutil.rmtree(where, ignore_errors=True)

@@ -50,10 +50,10 @@ class Client:
         self.c.disconnect()
 
 
-def _generate(tmp_path: Path) -> tuple[bc.Written, str]:
+def _generate(tmp_path: Path, site: Path) -> tuple[bc.Written, str]:
     cfg = tmp_path / "h.toml"
     cfg.write_text("".join(f'[[sentinels]]\nid = "{s}"\nkey = "{k}"\n' for s, k in KEYS.items()))
-    out = tmp_path / "mosquitto"
+    out = site / "mosquitto"  # read by mosquitto as its own user
     r = subprocess.run(
         [HOLDOVER, "broker-config", "-c", str(cfg), "--out", str(out), "--lan-address", "192.168.1.10"],
         capture_output=True,
@@ -62,15 +62,15 @@ def _generate(tmp_path: Path) -> tuple[bc.Written, str]:
     )
     assert r.returncode == 0, r.stderr
     passwords = {u: (out / f"{u}.password").read_text().strip() for u in (bc.BRIDGE_USER, *KEYS)}
-    w = bc.Written(out, out / "mosquitto.conf", out / "passwd", out / "acl", passwords)
+    w = bc.Written(out, out / "mosquitto.conf", out / "passwd", out / "acl", out / "holdover.conf", passwords)
     assert all((out / f"{u}.password").stat().st_mode & 0o777 == 0o600 for u in passwords)
     assert w.passwd.stat().st_mode & 0o777 == 0o600 and w.acl.stat().st_mode & 0o777 == 0o600
     assert "listener 1883 0.0.0.0" in w.conf.read_text() and "allow_anonymous false" in w.conf.read_text()
     return w, r.stdout
 
 
-def test_broker_config_prints_configs_that_match_what_it_wrote(tmp_path: Path) -> None:
-    w, out = _generate(tmp_path)
+def test_broker_config_prints_configs_that_match_what_it_wrote(tmp_path: Path, site_dir: Path) -> None:
+    w, out = _generate(tmp_path, site_dir)
     assert f'username = "{bc.BRIDGE_USER}"' in out and f"{bc.BRIDGE_USER}.password" in out
     for sid in KEYS:
         line = re.search(rf'sentinel {sid}, in its config.json:\n  "mqtt": (.*)', out)
@@ -86,8 +86,10 @@ def test_broker_config_prints_configs_that_match_what_it_wrote(tmp_path: Path) -
     assert all(p not in passwd for p in w.passwords.values()) and passwd.count("$7$") == 3
 
 
-def test_a_sentinel_speaks_only_for_itself_through_the_generated_broker(tmp_path: Path, rig_factory) -> None:
-    w, _out = _generate(tmp_path)
+def test_a_sentinel_speaks_only_for_itself_through_the_generated_broker(
+    tmp_path: Path, site_dir: Path, rig_factory
+) -> None:
+    w, _out = _generate(tmp_path, site_dir)
     rig = rig_factory(
         broker_auth=bc.auth(w.dir),
         firmware={"mqtt": {"user": "demo", "password": w.passwords["demo"]}},

@@ -125,7 +125,7 @@ def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
             subprocess.run(["tmux", "-S", str(tmp_path / "tmux.sock"), "kill-server"], capture_output=True)
     assert {c["status"] for c in checks.values()} <= {"pass", "skip"}, json.dumps(checks, indent=1)
     assert rc == 0
-    assert len(checks) == 13 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    assert len(checks) == 14 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
     assert "MB; heartbeats and refused messages kept 7 days" in checks["the journal's size is bounded"]["detail"]
     assert checks["the host's UPS sets the deadline"]["detail"].endswith(": OL, 100 %, 600 s left, load 40 %")
     fits = checks["an emergency checkpoint of exp1 fits the UPS's runtime"]["detail"]
@@ -185,3 +185,37 @@ def test_the_fix_is_printed_whole_on_an_80_column_terminal(monkeypatch, capsys) 
     assert "…" not in out
     assert f"(1) gcore can dump a run that cannot save: {fix}\n" in out
     assert max(len(line) for line in out.splitlines() if "│" in line) <= 80  # the table fits
+
+
+def test_a_second_bridge_for_the_node_is_named_in_its_log_and_by_the_doctor(tmp_path: Path) -> None:
+    """A manual `holdover bridge` beside the service: same client id, so Mosquitto closes one
+    connection for the other every time either reconnects, and says nothing to either of them."""
+    with Broker() as broker:
+        cfg = tmp_path / "h.toml"
+        cfg.write_text(
+            f'[mqtt]\nport = {broker.port}\n[journal]\npath = "{tmp_path / "j.db"}"\n[web]\nenabled = false\n'
+            f'[[sentinels]]\nid = "rack1"\nkey = "{KEY}"\n'
+        )
+        logs = [tmp_path / "first.log", tmp_path / "second.log"]
+        bridges = []
+        try:
+            for log in logs:
+                with log.open("wb") as f:
+                    bridges.append(subprocess.Popen([HOLDOVER, "bridge", "-c", str(cfg)], stderr=f, stdout=f))
+            said = "another client connected as holdover-bridge-"
+            deadline = time.monotonic() + 30
+            while not any(said in log.read_text() for log in logs):
+                ended = [b.poll() for b in bridges]
+                assert time.monotonic() < deadline and ended == [None, None], [log.read_text()[-800:] for log in logs]
+                time.sleep(0.2)
+            r = subprocess.run(
+                [HOLDOVER, "doctor", "-c", str(cfg), "--json"], capture_output=True, text=True, timeout=60
+            )
+        finally:
+            for b in bridges:
+                b.terminate()
+                b.wait(20)
+    check = {c["name"]: c for c in json.loads(r.stdout)}["one bridge runs for this node"]
+    assert check["status"] == "fail", check
+    assert all(f"pid {b.pid}: " in check["detail"] for b in bridges), check
+    assert "2 bridges share" in check["detail"] and "client id holdover-bridge-" in check["detail"]

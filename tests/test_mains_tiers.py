@@ -66,7 +66,9 @@ def test_a_flicker_shorter_than_the_debounce_is_a_dip_with_its_length(rig_factor
             dip.info["data"],
             back - cut,
         )
-        assert cut - 10 - COUNT_MS <= dip.info["data"]["last_pulse_ms"] <= cut + COUNT_MS + (0 if counter else SLACK_MS)
+        # The control port's `uptime_ms` for the cut is read when the interpreter gets to it: on a
+        # busy host that reading is late too (seen: the last edge 15 ms before it, 3 ms past the grid).
+        assert cut - 10 - COUNT_MS - slack <= dip.info["data"]["last_pulse_ms"] <= cut + COUNT_MS + slack
         lengths.append(dip.info["data"]["dip_ms"])
         time.sleep(0.3)
     assert rig.count("mains_lost") == 0 and rig.count("mains_suspect") == 2, lengths

@@ -8,6 +8,7 @@ secondary runs its SHUTDOWNCMD (a script that records).
 
 from __future__ import annotations
 
+import grp
 import subprocess
 import time
 from pathlib import Path
@@ -28,7 +29,9 @@ def _upsc(port: int, var: str) -> str:
     return r.stdout.strip()
 
 
-def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(rig_factory, tmp_path: Path) -> None:
+def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(
+    rig_factory, tmp_path: Path, site_dir: Path
+) -> None:
     serve_port, flag = free_port(), tmp_path / "final-ran"
     with nut.NutServer(tmp_path / "host-nut", {"hostups": HOST_ONLINE}) as host_ups:
         rig = rig_factory(
@@ -37,7 +40,7 @@ def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(rig_facto
                 "ups": {"nut": f"hostups@127.0.0.1:{host_ups.port}", "poll_s": 0.2},
                 "nut_server": {
                     "serve": True,
-                    "dir": str(tmp_path / "served"),
+                    "dir": str(site_dir / "served"),  # read by dummy-ups, as nut
                     "listen": "127.0.0.1",
                     "port": serve_port,
                     "clients": ["gpu2"],
@@ -45,12 +48,12 @@ def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(rig_facto
             },
         )
         rig.wait("boot", 15)
-        dev = tmp_path / "served" / "holdover-demo.dev"
+        dev = site_dir / "served" / "holdover-demo.dev"
         wait_for(lambda: dev.exists() and "ups.status: OL\n" in dev.read_text(), 10, "the served file, on line")
         assert "battery.runtime: 900\n" in dev.read_text()  # the host UPS's, not the sentinel's cell
 
-        # NUT's config as a user makes it, then NUT's own daemons serving it.
-        conf = tmp_path / "nut-conf"
+        # NUT's config as a user makes it, then NUT's own daemons serving it, as the `nut` user.
+        conf = site_dir / "nut"
         r = subprocess.run(
             [HOLDOVER, "nut-config", "-c", str(rig.dir / "holdover.toml"), "--out", str(conf), "--host", "127.0.0.1"],
             capture_output=True,
@@ -91,4 +94,9 @@ def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(rig_facto
     )
     assert again.returncode == 0 and "kept the passwords of gpu2" in again.stdout
     assert (conf / "gpu2.password").read_text().strip() == password
-    assert oct((conf / "upsd.users").stat().st_mode & 0o777) == "0o600"
+    nut_gid = grp.getgrnam("nut").gr_gid
+    for name in ("ups.conf", "upsd.conf", "upsd.users", "nut.conf"):
+        st = (conf / name).stat()
+        assert (oct(st.st_mode & 0o777), st.st_uid, st.st_gid) == ("0o640", 0, nut_gid), name  # as Debian ships NUT's
+    assert oct((conf / "gpu2.password").stat().st_mode & 0o777) == "0o600"
+    assert (conf / "nut.conf").read_text().splitlines()[-1] == "MODE=netserver"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from holdover.bridge import Bridge, BridgeThread
-from holdover.lab.broker import free_port
+from holdover.lab.broker import Broker, free_port
 from holdover.node import systemd
 from holdover.settings import Settings
 from support import HOLDOVER
@@ -25,10 +25,10 @@ from support import HOLDOVER
 KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
 
 
-def _config(tmp_path: Path) -> Path:
+def _config(tmp_path: Path, port: int = 0) -> Path:
     cfg = tmp_path / "h.toml"
     cfg.write_text(
-        f'[mqtt]\nport = {free_port()}\n[journal]\npath = "{tmp_path / "j.db"}"\n[web]\nenabled = false\n'
+        f'[mqtt]\nport = {port or free_port()}\n[journal]\npath = "{tmp_path / "j.db"}"\n[web]\nenabled = false\n'
         f'[[sentinels]]\nid = "rack1"\nkey = "{KEY}"\n'
     )
     return cfg
@@ -83,7 +83,9 @@ def test_install_service_writes_a_unit_systemd_analyze_accepts(tmp_path: Path) -
 def test_the_bridge_says_ready_pings_the_watchdog_and_says_stopping(tmp_path: Path) -> None:
     s = _notify_socket(tmp_path)
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "600000"}
-    bridge = subprocess.Popen([HOLDOVER, "bridge", "-c", str(_config(tmp_path))], env=env, stderr=subprocess.DEVNULL)
+    broker = Broker().start()
+    cfg = _config(tmp_path, broker.port)
+    bridge = subprocess.Popen([HOLDOVER, "bridge", "-c", str(cfg)], env=env, stderr=subprocess.DEVNULL)
     try:
         # Counted from READY: the bridge's start (imports) takes seconds of its own on a loaded machine.
         got = _messages(s, time.monotonic() + 30, stop=lambda m: m.get("READY") == "1")
@@ -93,13 +95,34 @@ def test_the_bridge_says_ready_pings_the_watchdog_and_says_stopping(tmp_path: Pa
         got += _messages(s, time.monotonic() + 1)
     finally:
         bridge.kill()
+        broker.close()
         s.close()
-    assert got and got[0][1]["READY"] == "1", got
-    assert got[0][1]["STATUS"].startswith("0/1 sentinel(s) online, broker")  # no broker at that port
+    ready = [m for _t, m in got if m.get("READY") == "1"]
+    # READY once the broker link is up, so `systemctl status` says so from the start (the watchdog
+    # is pinged meanwhile: systemd arms it at the start, not at READY).
+    assert ready and ready[0]["STATUS"] == "0/1 sentinel(s) online, broker connected", got
     pings = [t for t, m in got if m.get("WATCHDOG") == "1"]
     assert len(pings) >= 8, got  # every 0.2 s (a third of 0.6 s) for 2 s after READY
     assert max(b - a for a, b in itertools.pairwise(pings)) < 0.5
     assert got[-1][1].get("STOPPING") == "1"
+
+
+def test_a_bridge_whose_broker_is_down_still_says_ready_and_why(tmp_path: Path, monkeypatch) -> None:
+    """The rescue needs no broker: a dead one holds READY for READY_WAIT_S, never fails the start."""
+    s = _notify_socket(tmp_path)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
+    monkeypatch.setattr(Bridge, "READY_WAIT_S", 0.5)
+    cfg = Settings.model_validate({"mqtt": {"port": free_port()}, "journal": {"path": str(tmp_path / "j.db")}})
+    started = time.monotonic()
+    bt = BridgeThread(Bridge(cfg)).start()
+    try:
+        got = _messages(s, time.monotonic() + 10, stop=lambda m: m.get("READY") == "1")
+    finally:
+        bt.stop()
+        s.close()
+    ready = [(t, m) for t, m in got if m.get("READY") == "1"]
+    assert ready and ready[0][1]["STATUS"].endswith("broker not connected"), got
+    assert 0.5 <= ready[0][0] - started < 5, ready[0][0] - started
 
 
 def test_watchdog_pings_stop_while_the_bridges_loop_is_wedged(tmp_path: Path, monkeypatch) -> None:

@@ -52,13 +52,16 @@ def _secret(path: Path, key: str) -> str:
 
 
 class _PasswordFromFile(_Strict):
-    """For sections with `password` and `password_file`: the file, when given, is read at load."""
+    """For sections with `password` and `password_file`: the file, when given, is read at load.
+    Loaded with `secrets_later` (the commands that make those files: broker-config, and
+    install-service before it), a file not there yet is left for them to write."""
 
     @model_validator(mode="after")
-    def _password_file(self) -> _PasswordFromFile:
+    def _password_file(self, info: ValidationInfo) -> _PasswordFromFile:
         path = getattr(self, "password_file", None)
-        if path is not None:
-            self.password = _secret(path, "password_file")
+        if path is None or ((info.context or {}).get("secrets_later") and not path.exists()):
+            return self
+        self.password = _secret(path, "password_file")
         return self
 
 
@@ -733,13 +736,21 @@ def environment_overrides() -> dict[str, Any]:
     return src()
 
 
-def parse(data: dict[str, Any], origin: str = "config", env: bool = True, base: Path | None = None) -> Settings:
+def parse(
+    data: dict[str, Any],
+    origin: str = "config",
+    env: bool = True,
+    base: Path | None = None,
+    secrets_later: bool = False,
+) -> Settings:
     """The file's values strictly as written (a quoted port is an error, as on the board), then
     the environment's over them (strings by nature, so those are converted). Relative paths are
     taken from `base` (the config file's directory) when given."""
     if not data:
         raise ConfigError(f"{origin}: empty; holdover.toml.example has every setting with its default")
-    context = {"base": base} if base is not None else None
+    context: dict[str, Any] = {"secrets_later": secrets_later}
+    if base is not None:
+        context["base"] = base
     try:
         cfg = Settings.model_validate(data, strict=True, context=context)
     except ValidationError as e:
@@ -754,7 +765,7 @@ def parse(data: dict[str, Any], origin: str = "config", env: bool = True, base: 
         raise ConfigError(f"{origin} with {names}: {e.error_count()} problem(s)\n{_describe(e)}") from None
 
 
-def load(path: Path) -> Settings:
+def load(path: Path, secrets_later: bool = False) -> Settings:
     try:
         text = path.read_text()
     except OSError as e:
@@ -765,4 +776,4 @@ def load(path: Path) -> Settings:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    return parse(data, str(path), base=path.resolve().parent)
+    return parse(data, str(path), base=path.resolve().parent, secrets_later=secrets_later)

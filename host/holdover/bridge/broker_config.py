@@ -39,6 +39,7 @@ class Written:
     conf: Path
     passwd: Path
     acl: Path
+    fragment: Path  # holdover.conf, for Debian's packaged mosquitto (conf.d)
     passwords: dict[str, str] = field(default_factory=dict)  # user -> password, to print once
     password_files: dict[str, Path] = field(default_factory=dict)
     new: list[str] = field(default_factory=list)  # users with no password before this run
@@ -94,6 +95,20 @@ def conf(directory: Path, listen: str, port: int, persistence: Path) -> str:
     )
 
 
+DEBIAN_CONF_D = Path("/etc/mosquitto/conf.d")
+
+
+def fragment(directory: Path, listen: str, port: int) -> str:
+    """The same broker as a conf.d file for Debian's packaged mosquitto.service: its own
+    mosquitto.conf already sets persistence, the log and the pid file, and Mosquitto refuses a
+    second persistence_location ("Duplicate persistence_location value"), so this has none."""
+    return (
+        "# Written by `holdover broker-config`: for Debian's mosquitto.service, linked into\n"
+        f"# {DEBIAN_CONF_D}/ (its mosquitto.conf keeps the persistence, log and pid file).\n"
+        f"listener {port} {listen}\n" + NODELAY + auth(directory)
+    )
+
+
 def _private(path: Path, text: str, owner: str | None) -> None:
     write_private(path, text)
     _own(path, owner)
@@ -137,7 +152,9 @@ def write(
     if not sids or bad:
         raise BrokerConfigError(f"sentinel ids to write users for: {sids or 'none'} {bad or ''}".strip())
     directory.mkdir(parents=True, exist_ok=True)
-    w = Written(directory, directory / "mosquitto.conf", directory / "passwd", directory / "acl")
+    w = Written(
+        directory, directory / "mosquitto.conf", directory / "passwd", directory / "acl", directory / "holdover.conf"
+    )
     users = [BRIDGE_USER, *([HA_USER] if ha else []), *sids]
     unknown = sorted(set(rotate or []) - set(users))
     if unknown:
@@ -162,4 +179,5 @@ def write(
     _own(w.passwd, owner)
     _private(w.acl, acl(sids, ha=ha), owner)
     w.conf.write_text(conf(directory, listen, port, persistence))
+    w.fragment.write_text(fragment(directory, listen, port))
     return w

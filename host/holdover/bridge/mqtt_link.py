@@ -27,6 +27,11 @@ SUBSCRIPTIONS = [
 ]
 
 
+# A broker that takes a client's id for another connection closes the older one at once; a link
+# that lasted longer than this was cut by something else.
+TAKEN_OVER_S = 5.0
+
+
 class _Client(paho.Client):
     """paho's client, keeping the reason a connect failed (its loop swallows the OSError)."""
 
@@ -71,7 +76,8 @@ class MqttLink:
         self.on_connect = on_connect  # called on the loop after each connect (the node's birth)
         # MQTT 5, for retain-as-published: under 3.1.1 a broker clears the retain flag on live
         # delivery, so the gate could not refuse an event someone published retained.
-        c = _Client(CallbackAPIVersion.VERSION2, client_id=client_id or cfg.client_id, protocol=paho.MQTTv5)
+        self.client_id = client_id or cfg.client_id
+        c = _Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5)
         if cfg.username:
             c.username_pw_set(cfg.username, cfg.password or None)
         # A broker on the LAN is cheap to retry: back within 2 s of it coming back, not paho's 30.
@@ -87,6 +93,9 @@ class MqttLink:
         self._failing: tuple[str, float] | None = None  # (reason, since) while connects fail
         self._said = 0.0
         self.connect_failures = 0  # attempts refused or unanswered since start
+        self._connected_at = 0.0
+        self._cut_short = 0  # connections the broker closed soon after accepting them, in a row
+        self._said_taken = 0.0
 
     def start(self) -> None:
         # A persistent session: the broker queues QoS 1 events while the bridge is away (a week;
@@ -125,6 +134,7 @@ class MqttLink:
             )
             self._failing = None
         log.info("connected to broker %s:%d", self.cfg.host, self.cfg.port)
+        self._connected_at = time.monotonic()
         client.subscribe([(t, SubscribeOptions(qos=1, retainAsPublished=True)) for t in self.subscriptions])
         self.loop.call_soon_threadsafe(self.connected.set)
         if self.on_connect is not None:
@@ -149,9 +159,34 @@ class MqttLink:
             self._failing = (reason, since)
             self._said = now
 
-    def _on_disconnect(self, _c: paho.Client, _ud: object, _flags: object, reason: object, _props: object) -> None:
-        log.warning("disconnected from broker: %s (paho reconnects)", reason)
+    def _on_disconnect(self, _c: paho.Client, _ud: object, flags: object, reason: object, _props: object) -> None:
         self.loop.call_soon_threadsafe(self.connected.clear)
+        if getattr(flags, "is_disconnect_packet_from_server", True) or not self._connected_at:
+            log.warning("disconnected from broker: %s (paho reconnects)", reason)
+            return
+        lasted = time.monotonic() - self._connected_at
+        self._connected_at = 0.0
+        # Mosquitto answers a second client with the same id by closing the first one's socket, no
+        # word why (paho: "Unspecified error"), and each then takes the id back from the other
+        # every two seconds. A connection cut this soon, twice running, is that.
+        self._cut_short = self._cut_short + 1 if lasted < TAKEN_OVER_S else 0
+        if self._cut_short < 2:
+            log.warning("connection to broker %s:%d lost after %.0f s (paho reconnects)", *self._where, lasted)
+        elif time.monotonic() - self._said_taken >= 60:
+            self._said_taken = time.monotonic()
+            log.error(
+                "broker %s:%d closed the connection %.1f s after accepting it, %d times in a row: another client "
+                "connected as %s? (a second bridge on this host, or another machine with this [mqtt] client_id; "
+                "`holdover doctor` finds a second bridge here)",
+                *self._where,
+                lasted,
+                self._cut_short,
+                self.client_id,
+            )
+
+    @property
+    def _where(self) -> tuple[str, int]:
+        return self.cfg.host, self.cfg.port
 
     def _on_message(self, _c: paho.Client, _ud: object, msg: paho.MQTTMessage) -> None:
         item = Inbound(msg.topic, bytes(msg.payload), bool(msg.retain), time.time())

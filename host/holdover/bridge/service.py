@@ -363,7 +363,7 @@ class Bridge:
         retention = asyncio.create_task(self._retention())
         log.info("bridge up: %d sentinel(s), %d hook(s)", len(self.settings.sentinels), len(self.settings.hooks))
         notifier = Notifier()  # systemd's Type=notify; nothing outside systemd
-        notifier.send(ready=1, status=self.summary())
+        ready = asyncio.create_task(self._ready(notifier))
         watchdog = asyncio.create_task(notifier.watchdog(self.health, self.summary))
         stopper = asyncio.create_task(self._stop.wait())
         try:
@@ -385,6 +385,7 @@ class Bridge:
                     getter.cancel()
         finally:
             notifier.send(stopping=1, status="stopping")
+            ready.cancel()
             watchdog.cancel()
             stopper.cancel()
             journal_watch.cancel()
@@ -399,6 +400,16 @@ class Bridge:
             self.journal.close()
             notifier.close()
             log.info("bridge stopped")
+
+    READY_WAIT_S = 10.0  # a broker that is down does not hold the bridge's start for longer
+
+    async def _ready(self, notifier: Notifier) -> None:
+        """READY=1 once the broker link is up (what `systemctl start` and its status then say), or
+        after READY_WAIT_S without it: the rescue needs no broker, so a dead one must not fail the
+        start; the status then says so. Its own task: messages are handled meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.link.connected.wait(), self.READY_WAIT_S)
+        notifier.send(ready=1, status=self.summary())
 
     def wan_down(self) -> bool:
         """No uplink left to the internet: every uplink of the node's failover failing, or (without

@@ -55,7 +55,7 @@ def broker_config(
     lines that make the bridge's and each sentinel's configs match."""
     from holdover.bridge import broker_config as bc
 
-    cfg = load_config(config)
+    cfg = load_config(config, secrets_later=True)
     try:
         w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha, rotate=rotate)
     except OSError as e:
@@ -72,7 +72,10 @@ def broker_config(
             bc.HA_USER: "Home Assistant's MQTT password",
         }.get(user, f"the board config.json of {user} (its mqtt line below), then holdover deploy")
         typer.echo(f"ROTATED {user}: its old password no longer works; change {where}")
-    typer.echo(f"run it: mosquitto -c {w.conf}")
+    typer.echo(
+        f"with Debian's mosquitto service: ln -sf {w.fragment} {bc.DEBIAN_CONF_D}/ && systemctl restart mosquitto\n"
+        f"or on its own: mosquitto -c {w.conf}"
+    )
     typer.echo(f"\n{config}: the bridge's [mqtt] section:")
     typer.echo(f'  username = "{bc.BRIDGE_USER}"\n  password_file = "{w.password_files[bc.BRIDGE_USER]}"')
     host = lan_address or "<this broker's LAN address>"
@@ -86,17 +89,21 @@ def broker_config(
 @app.command("nut-config", rich_help_panel=SET_UP)
 def nut_config(
     config: Path = config_option("The bridge's TOML config ([nut_server], sentinels)."),
-    out: Path = typer.Option(Path("/etc/holdover/nut"), help="Where ups.conf, upsd.conf and upsd.users go."),
+    out: Path = typer.Option(
+        Path("/etc/holdover/nut"),
+        help="Where ups.conf, upsd.conf, upsd.users and nut.conf go; /etc/nut for Debian's nut-server service.",
+    ),
     host: str = typer.Option("", help="This NUT server's LAN address, for the clients' upsmon.conf lines."),
     rotate: list[str] = typer.Option([], "--rotate", help="Give this client a new password; repeatable."),
+    group: str = typer.Option("nut", help="The group NUT's daemons run as: the files are root:GROUP 0640."),
 ) -> None:
     """Write NUT's config that serves each sentinel as a UPS (NUT's own upsd and dummy-ups), and
-    print each client's upsmon.conf line. Passwords already made are kept."""
+    print how to start NUT on it and each client's upsmon.conf line. Passwords already made are kept."""
     from holdover.bridge import nut_config as nc
 
     cfg = load_config(config)
     s = cfg.nut_server
-    w = nc.write(s, [x.id for x in cfg.sentinels], out, rotate)
+    w = nc.write(s, [x.id for x in cfg.sentinels], out, rotate, group)
     typer.echo(f"wrote {', '.join(str(f) for f in w.files)}")
     kept = [c for c in w.passwords if c not in w.new and c not in w.rotated]
     if kept:
@@ -105,7 +112,7 @@ def nut_config(
         typer.echo(f"ROTATED {client}: its old password no longer works; change its upsmon.conf (below)")
     if not s.serve:
         typer.echo(f"{config}: set [nut_server] serve = true, so the bridge keeps {s.dir} current")
-    typer.echo(f"run NUT with it: NUT_CONFPATH={out} upsdrvctl start && NUT_CONFPATH={out} upsd")
+    typer.echo(f"start NUT on it (once the bridge has written {s.dir}): {nc.start_line(out)}")
     where = host or "<this NUT server's LAN address>"
     for client, password in w.passwords.items():
         typer.echo(f"\n{client}, in its upsmon.conf:")

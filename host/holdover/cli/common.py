@@ -71,14 +71,15 @@ def config_option(help_: str) -> Any:
     )
 
 
-def load_config(path: Path) -> settings_mod.Settings:
-    """The bridge's config; a missing default says where it was looked for and how to make one."""
+def load_config(path: Path, secrets_later: bool = False) -> settings_mod.Settings:
+    """The bridge's config; a missing default says where it was looked for and how to make one.
+    `secrets_later`: a password_file not there yet is not an error (the command writes it)."""
     if path == DEFAULT_CONFIG and not os.environ.get(CONFIG_ENV) and not path.exists():
         raise settings_mod.ConfigError(
             f"no config at {DEFAULT_CONFIG} (the default): pass --config FILE, set {CONFIG_ENV}, "
             f"or make one there: holdover config-example > {DEFAULT_CONFIG}"
         )
-    return settings_mod.load(path)
+    return settings_mod.load(path, secrets_later)
 
 
 def journal_exists(cfg: settings_mod.Settings) -> None:

@@ -43,7 +43,7 @@ def install_service(
     from holdover import proc
     from holdover.node import systemd
 
-    cfg = load_config(config)
+    cfg = load_config(config, secrets_later=True)
     path, _text = systemd.install(cfg, config, unit_dir)
     typer.echo(f"wrote {path}: holdover bridge --config {config.resolve()}, as root with only")
     typer.echo(f"  {', '.join(systemd.CAPABILITIES)}; the system read-only but for")

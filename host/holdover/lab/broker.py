@@ -7,6 +7,7 @@ a directory of its own, so it can be stopped and started again on the same port.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -62,19 +63,31 @@ class Broker:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.conf = self.dir / "mosquitto.conf"
         self.log = self.dir / "mosquitto.log"
+        self.store = self._store()
         lines = [
             f"listener {self.port} {self.host}\n",
             NODELAY,  # as `holdover broker-config` writes it for a site
             auth or "allow_anonymous true\n",
-            f"persistence true\npersistence_location {self.dir}/\n",
+            f"persistence true\npersistence_location {self.store}/\n",
             "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n",
-            # As root, mosquitto drops to the `mosquitto` user, which cannot write this (0700, root's)
-            # directory: its persistence would silently fail. A test broker keeps the user it runs as.
-            "user root\n" if os.geteuid() == 0 else "",
             extra_conf,
         ]
         self.conf.write_text("".join(lines))
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def _store() -> Path:
+        """Where it saves its sessions. Started as root, mosquitto drops to its packaged `mosquitto`
+        user, as Debian runs it: the store is that user's, in a directory it can reach (a test's
+        own directory sits under root's 0700 tree), so a persistence that fails is seen here first."""
+        store = Path(tempfile.mkdtemp(prefix="holdover-mosquitto-store-", dir="/tmp"))
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("mosquitto")
+            except KeyError:
+                raise BrokerError(f"no `mosquitto` user: {INSTALL_HINT}") from None
+            os.chown(store, owner.pw_uid, owner.pw_gid)
+        return store
 
     def start(self) -> Broker:
         binary = mosquitto_binary()
@@ -94,7 +107,7 @@ class Broker:
             proc.stop(self.proc, grace=10)  # SIGTERM first: mosquitto saves its persistence file on the way out
         self.proc = None
         if forget:
-            (self.dir / "mosquitto.db").unlink(missing_ok=True)
+            (self.store / "mosquitto.db").unlink(missing_ok=True)
 
     def restart(self, down_for: float = 0.0) -> None:
         self.stop()
@@ -103,6 +116,7 @@ class Broker:
 
     def close(self) -> None:
         self.stop()
+        shutil.rmtree(self.store, ignore_errors=True)
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -53,6 +53,7 @@ class Doctor:
             *self.checkpoint_fits(),
             self.gdb(),
             self.broker(),
+            self.one_bridge(),
             self.hooks(),
             *self.heartbeats(),
             self.journal_size(),
@@ -264,6 +265,24 @@ class Doctor:
             return Check(name, FAIL, f"{where}: {problem}", "is Mosquitto running there? holdover broker-config")
         return Check(name, PASS, f"{where} accepted the bridge's login")
 
+    def one_bridge(self) -> Check:
+        """Two bridges for one node (a manual run beside the service) take each other's broker
+        session every two seconds and would both run every hook: found by the journal they share."""
+        name = "one bridge runs for this node"
+        journal = str(self.cfg.journal.path.resolve())
+        found = sorted(_bridges_on(journal), key=lambda p: p[0])
+        if not found:  # whether one ran lately, the sentinels' checks say
+            return Check(name, SKIP, f"no bridge running with {journal} open")
+        if len(found) > 1:
+            who = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in found)
+            return Check(
+                name,
+                FAIL,
+                f"{len(found)} bridges share {journal} and the client id {self.cfg.client_id}: {who}",
+                "stop the one started by hand (the service's is in `systemctl status holdover-bridge`)",
+            )
+        return Check(name, PASS, f"pid {found[0][0]}")
+
     def heartbeats(self) -> list[Check]:
         out = []
         now = time.time()
@@ -310,6 +329,19 @@ def _in_session_keeper(pid: int) -> bool:
             if parent.name().split(":")[0].lower() in SESSION_KEEPERS:
                 return True
     return False
+
+
+def _bridges_on(journal: str) -> list[tuple[int, str]]:
+    """Processes running `holdover bridge` with this journal open: (pid, command line)."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        argv = p.info["cmdline"] or []
+        if "bridge" not in argv or not any("holdover" in a for a in argv):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if any(f.path == journal for f in p.open_files()):
+                out.append((p.info["pid"], " ".join(argv)))
+    return out
 
 
 def _read(path: Path) -> str | None:
