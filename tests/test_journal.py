@@ -6,6 +6,7 @@ takes, then journals it when it can."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from holdover.bridge.history import History, UpsHistory
 from holdover.journal import VERSION, Journal, JournalError
 from holdover.node.datacap import DataUsage
 from holdover.node.rescue_ledger import RescueLedger
+from support import HOLDOVER, KEY
 
 FIXTURE = Path(__file__).parent / "fixtures" / "journal-b674fac.sql"
 
@@ -106,13 +108,29 @@ def test_a_journal_from_before_schema_versions_is_migrated_once_and_keeps_every_
         assert len(j.events()) == 3
 
 
-def test_a_journal_from_a_newer_holdover_is_refused_by_name(tmp_path: Path) -> None:
+def test_a_journal_from_a_newer_holdover_is_refused_by_name_and_left_as_it_was(tmp_path: Path) -> None:
+    """By the bridge and by every command that reads it (docs/operations.md: "refused by name rather
+    than misread"), before anything touches the file: a rollback-mode journal stays one."""
     path = tmp_path / "new.db"
     db = sqlite3.connect(path)
+    db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, kind TEXT)")
+    db.execute("INSERT INTO events (kind) VALUES ('from the future')")
     db.execute(f"PRAGMA user_version={VERSION + 1}")
+    db.commit()
     db.close()
-    with pytest.raises(JournalError, match=f"{path}.*newer than this holdover"):
-        Journal(path)
+    before = path.read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(JournalError, match=f"{path}.*newer than this holdover"):
+            Journal(path, readonly=readonly)
+    assert path.read_bytes() == before and not path.with_name("new.db-wal").exists()
+
+    cfg = tmp_path / "h.toml"
+    cfg.write_text(f'[journal]\npath = "{path}"\n[[sentinels]]\nid = "rack1"\nkey = "{KEY}"\n')
+    for argv in (["events", "--json"], ["outages"], ["status"], ["get", "rack1"]):
+        r = subprocess.run([HOLDOVER, *argv, "-c", str(cfg)], capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and "newer than this holdover" in r.stderr, (argv, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert path.read_bytes() == before
 
 
 def test_a_ledger_on_a_read_only_journal_without_its_tables_reads_as_empty(tmp_path: Path) -> None:

@@ -256,6 +256,9 @@ class Journal:
         self.db.execute("PRAGMA busy_timeout=5000")
         # sqlite opens lazily: read the schema now, so a file that is not a journal is found here.
         self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        # Before anything is changed (the switch to WAL rewrites the file's header), and for
+        # readers too: a newer schema is refused by name, never misread or half taken over.
+        self._refuse_newer()
         if self.readonly:
             return
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -268,14 +271,17 @@ class Journal:
     def version(self) -> int:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
 
-    def _migrate(self) -> None:
-        """Bring the journal up to VERSION once: a bridge upgrade keeps the history it had."""
+    def _refuse_newer(self) -> None:
         have = self.version
         if have > VERSION:
             raise JournalError(
                 f"{self.path} is a journal of schema version {have}, newer than this holdover's ({VERSION}): "
                 "upgrade holdover, or point [journal] path at another file"
             )
+
+    def _migrate(self) -> None:
+        """Bring the journal up to VERSION once: a bridge upgrade keeps the history it had."""
+        have = self.version
         if have == VERSION:
             return
         with self.db:  # all or nothing: a journal is never left half migrated
