@@ -4,9 +4,11 @@ sentinel confined to its own topics, the real firmware and bridge working throug
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -15,8 +17,11 @@ import tomli_w
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
+from holdover.bridge import Bridge, BridgeThread
 from holdover.bridge import broker_config as bc
 from holdover.firmware import protocol
+from holdover.lab.broker import Broker
+from holdover.settings import Settings
 from support import HOLDOVER, wait_for
 
 KEYS = {"demo": "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f", "rack2": "5e0b8d2f7a4c9e1b3f6a8d0c2e5b7f9a"}
@@ -167,3 +172,87 @@ def test_a_rerun_keeps_every_password_and_rotates_only_on_purpose(tmp_path: Path
     assert all(f'"password": "{pw(s)}"' in r.stdout for s in KEYS)  # the lines to paste, current
     r = run(KEYS, "--rotate", "nobody")
     assert r.returncode == 1 and "--rotate nobody: no such client" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_node_speaks_only_for_itself_and_presses_no_button(tmp_path: Path, site_dir: Path, caplog) -> None:
+    """Every node's bridge its own login: one node's credentials cannot publish another node's state
+    (what the Slurm controller acts on), press any node's checkpoint button or a sentinel's relay,
+    or command a sentinel; the sentinels' bridge cannot speak for another node either."""
+    cfg = tmp_path / "h.toml"
+    cfg.write_text(
+        '[failover]\nnode = "head"\n' + "".join(f'[[sentinels]]\nid = "{s}"\nkey = "{k}"\n' for s, k in KEYS.items())
+    )
+    out = site_dir / "mosquitto"
+    r = subprocess.run(
+        [HOLDOVER, "broker-config", "-c", str(cfg), "--out", str(out), "--ha", "--node", "gpu1", "--node", "gpu2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "node gpu1: copy" in r.stdout and 'username = "holdover-node-gpu1"' in r.stdout
+    pw = {
+        u: (out / f"{u}.password").read_text().strip()
+        for u in ("holdover-bridge", "homeassistant", "holdover-node-gpu1")
+    }
+    with Broker(auth=bc.auth(out)) as broker:
+        spy = Client(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])
+        spy.ack(spy.c.subscribe("holdover/#", qos=1)[1])
+        gpu1 = Client(broker.port, "holdover-node-gpu1", pw["holdover-node-gpu1"])
+        head = Client(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])
+        ha = Client(broker.port, bc.HA_USER, pw[bc.HA_USER])
+
+        def answer(c: Client, topic: str, retain: bool = False) -> int:
+            return c.ack(c.c.publish(topic, b'{"forged": true}', qos=1, retain=retain).mid).value
+
+        node = protocol.node_topic
+        refused = [
+            (gpu1, node("gpu2", protocol.STATE)),  # "gpu2's job is saved": what would requeue it
+            (gpu1, node("gpu2", protocol.STATUS)),
+            (gpu1, node("gpu2", protocol.NODE_CHECKPOINT)),
+            (gpu1, node("gpu1", protocol.NODE_CHECKPOINT)),  # even its own: the press says "home assistant"
+            (gpu1, protocol.topic("demo", protocol.RELAY_SET)),
+            (gpu1, protocol.topic("demo", protocol.CMD)),
+            (head, node("gpu1", protocol.STATE)),
+            (head, node("gpu1", protocol.NODE_CHECKPOINT)),
+            (ha, node("gpu1", protocol.STATE)),
+        ]
+        for c, topic in refused:
+            assert answer(c, topic, retain=True) == 0x87, topic  # Not authorized
+        allowed = [
+            (gpu1, node("gpu1", protocol.STATE)),
+            (gpu1, node("gpu1", protocol.UPLINK)),
+            (head, node("head", protocol.STATE)),
+            (head, protocol.topic("demo", protocol.CMD)),
+            (ha, node("gpu1", protocol.NODE_CHECKPOINT)),
+            (ha, protocol.topic("demo", protocol.RELAY_SET)),
+        ]
+        for c, topic in allowed:
+            assert answer(c, topic) == 0, topic
+        wait_for(lambda: all(t in spy.got for _c, t in allowed), 5, "every allowed publish delivered")
+        assert sorted(spy.got) == sorted(t for _c, t in allowed)  # and nothing refused, as it was sent
+        late = Client(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])  # a controller starting now
+        late.ack(late.c.subscribe("holdover/#", qos=1)[1])
+        time.sleep(0.5)
+        assert late.got == [], "a refused retained message was kept"
+        for c in (spy, gpu1, head, ha, late):
+            c.close()
+
+        # A node's bridge set up under the wrong name publishes nothing; its log says why.
+        settings = Settings.model_validate(
+            {
+                "mqtt": {"port": broker.port, "username": "holdover-node-gpu1", "password": pw["holdover-node-gpu1"]},
+                "failover": {"node": "gpu9"},
+                "journal": {"path": str(tmp_path / "j.db")},
+                "web": {"enabled": False},
+            }
+        )
+        with caplog.at_level(logging.ERROR, logger="holdover.mqtt"):
+            bt = BridgeThread(Bridge(settings)).start()
+            try:
+                wait_for(
+                    lambda: "refused holdover/node/gpu9/state from holdover-node-gpu1" in caplog.text, 10, "the refusal"
+                )
+            finally:
+                bt.stop()
+        assert "is [failover] node the name `holdover broker-config --node` made this login for?" in caplog.text

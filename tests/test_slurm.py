@@ -4,6 +4,8 @@ namespaces (holdover.lab.slurm), a real Mosquitto, the emulated sentinel and a b
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 from holdover.journal import Journal
 from holdover.lab import slurm as slurm_lab
 from holdover.lab.slurm import SlurmLab
-from support import KEY, wait_for
+from support import HOLDOVER, KEY, wait_for
 
 needs_slurm = pytest.mark.skipif(
     not slurm_lab.available(), reason="needs Debian's slurmd (scripts/ensure-system-deps.sh)"
@@ -312,3 +314,55 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
         finally:
             for b in nodes:
                 b.stop()
+
+
+@needs_slurm
+def test_a_controller_killed_mid_cut_drains_on_restart_and_resumes_what_it_drained(rig_factory) -> None:
+    """The controller's bridge as its unit runs it (a process of its own), killed with SIGKILL:
+    during the grace (nothing drained yet), and again while drained, with the power coming back
+    while it is down. Slurm's drain reason and the journal are all it has on restart."""
+    with SlurmLab({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
+        rig = rig_factory(bridge=False, bridge_extra=_slurm(lab, grace=3, resume_after_s=0.5, timeout_s=5))
+        config = str(rig.dir / "holdover.toml")
+
+        def bridge() -> subprocess.Popen[bytes]:
+            log = (rig.dir / "bridge.log").open("ab")
+            return subprocess.Popen([HOLDOVER, "bridge", "-c", config], stdout=log, stderr=log)
+
+        def journaled(kind: str) -> int:
+            with contextlib.suppress(Exception):  # the bridge may be making the file
+                return len(_events(rig, kind))
+            return 0
+
+        first = bridge()
+        try:
+            wait_for(lambda: journaled("boot"), 20, "the bridge hearing the sentinel")
+            rig.control.send(mains=False)
+            wait_for(lambda: journaled("mains_lost"), 10, "mains_lost journaled")
+        finally:
+            first.kill()  # inside the grace: nothing drained yet
+            first.wait(10)
+        assert journaled("slurm_drained") == 0 and lab.states()["n1"][0].rstrip("*") == "idle"
+
+        second = bridge()
+        try:
+            # The cut is still open in the journal: drained once the rest of the grace is over.
+            wait_for(lambda: journaled("slurm_drained"), 20, "the circuit drained after the restart")
+            states = lab.states()
+            assert all(states[n][1].startswith("holdover: mains lost at demo") for n in ("n1", "n2")), states
+        finally:
+            second.kill()
+            second.wait(10)
+
+        rig.control.send(mains=True)  # power back while no bridge runs
+        time.sleep(1)
+        third = bridge()
+        try:
+            # Heard on reconnect (the broker kept its session; the sentinel resends until receipted).
+            wait_for(lambda: journaled("slurm_resumed"), 20, "holdover's nodes resumed")
+            states = lab.states()
+            assert all(states[n][0].rstrip("*") == "idle" and states[n][1] == "none" for n in ("n1", "n2")), states
+            assert journaled("slurm_drained") == 1  # nothing drained twice
+        finally:
+            third.terminate()
+            third.wait(20)

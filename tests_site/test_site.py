@@ -58,13 +58,13 @@ def _write(box: Box, inside: str, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-HEAD, NODE = "10.98.0.1", "10.98.0.2"  # the tier's own network, in a namespace of its own
+HEAD, GPU1 = "10.98.0.1", "10.98.0.2"  # the tier's own network, in a namespace of its own
 
 NODE_CONFIG = f"""
 [mqtt]
 host = "{HEAD}"
-username = "holdover-bridge"
-password_file = "/etc/holdover/holdover-bridge.password"
+username = "holdover-node-gpu1"
+password_file = "/etc/holdover/mqtt.password"
 
 [[sentinels]]
 id = "rack1"
@@ -134,7 +134,7 @@ def _read(box: Box, name: str) -> str:
 def test_a_site_deployed_as_the_docs_say_rides_out_a_cut(image: Path, wheels: Path) -> None:
     netns = f"holdover-site-{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
-    head, node = Box("head", image, netns, f"{HEAD}/24"), Box("node", image, netns, f"{NODE}/24")
+    head, node = Box("head", image, netns, f"{HEAD}/24"), Box("gpu1", image, netns, f"{GPU1}/24")
     try:
         head.up()
         node.up()
@@ -145,14 +145,21 @@ def test_a_site_deployed_as_the_docs_say_rides_out_a_cut(image: Path, wheels: Pa
         monitor = deploy_head(head)
         follow(head, monitor, "localhost")
 
-        # The compute node: its bridge on the head's broker, its upsmon on the head's NUT.
+        # The compute node: a broker identity of its own (a re-run of broker-config keeps every
+        # password), its bridge on the head's broker, its upsmon on the head's NUT.
+        again = head.sh(f"holdover broker-config -c /etc/holdover/holdover.toml --lan-address {HEAD} --node gpu1")
+        assert "kept the passwords of holdover-bridge, rack1" in again, again
+        head.sh("systemctl restart mosquitto")
         node.sh("mkdir -p /etc/holdover")
         _write(node, "/etc/holdover/holdover.toml", NODE_CONFIG)
         _write(node, "/etc/holdover/rack1.key", (head.root / "etc/holdover/rack1.key").read_text(), 0o600)
-        _write(node, "/etc/holdover/holdover-bridge.password", _read(head, "holdover-bridge.password") + "\n", 0o600)
+        _write(node, "/etc/holdover/mqtt.password", _read(head, "holdover-node-gpu1.password") + "\n", 0o600)
         service = node.sh(the_block("service.md", "sh", "holdover install-service"), timeout=120)
         assert "enable --now holdover-bridge.service: ok" in service, service
         node.wait("systemctl show -p StatusText holdover-bridge | grep -q 'broker connected'", 30, "the node's bridge")
+        # Its state reaches the head under its own name, published with its own identity.
+        sub = f"mosquitto_sub -u holdover-bridge -P {_read(head, 'holdover-bridge.password')} -C 1 -W 5"
+        head.wait(f"{sub} -t holdover/node/gpu1/state | grep -q on_battery", 30, "gpu1's state at the head")
         node.sh("sed -i 's/^MODE=.*/MODE=netclient/' /etc/nut/nut.conf")
         follow(node, monitor, HEAD)
 

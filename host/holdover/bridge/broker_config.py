@@ -1,10 +1,16 @@
-"""`holdover broker-config`: a Mosquitto that lets each sentinel speak only for itself.
+"""`holdover broker-config`: a Mosquitto that lets each sentinel and each node speak only for itself.
 
-A password per client and an ACL per sentinel: a sentinel may publish only under its own id (its
+A password per client and an ACL per identity. A sentinel may publish only under its own id (its
 status, state, events, command answers and its Home Assistant entities) and read only its own
-commands; the bridge reads and writes everything under holdover/ and the discovery prefix. The
-signatures already stop a forged event at the bridge; the ACL stops a stolen board's credentials
-from even reaching the other sentinels' topics or filling the broker with them.
+commands. Every bridge reads everything under holdover/, and writes only its own node's leaves
+(holdover/node/NAME/state, status, uplink), its node's Home Assistant entities and the alerts
+topic; the sentinels' bridge (`holdover-bridge`, beside the sentinels) alone writes their command
+topics (signed commands, event receipts), and every other node's bridge logs in as
+`holdover-node-NAME`. Only Home Assistant's user may press a node's checkpoint button or a
+sentinel's relay. The signatures already stop a forged event at the bridge; the ACL stops a
+stolen board's or node's credentials from speaking for another: node reports are unsigned, and
+what keeps one node from claiming another's job is saved is that the broker lets only that node's
+identity publish under its name (MQTT tells a subscriber nothing of who published).
 
 Passwords are hashed by `mosquitto_passwd` (Mosquitto's own PBKDF2-SHA512 format), not here.
 """
@@ -13,8 +19,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import secrets
 import shutil
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +35,9 @@ BRIDGE_USER = "holdover-bridge"
 HA_USER = "homeassistant"
 # What a sentinel publishes under holdover/SID/ (its last will goes to STATUS too).
 SENTINEL_WRITES = (protocol.STATUS, protocol.STATE, protocol.EVENT, protocol.CMD_ACK)
+
+
+NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # as [failover] node takes it
 
 
 class BrokerConfigError(HoldoverError, RuntimeError):
@@ -46,15 +57,40 @@ class Written:
     rotated: list[str] = field(default_factory=list)  # users whose password was replaced on purpose
 
 
-def acl(sids: list[str], ha_prefix: str = protocol.HA_PREFIX, ha: bool = False) -> str:
+NODE_USER = "holdover-node-"  # + the node's name: the bridge of a node other than the sentinels'
+# A node's own retained leaves; not its checkpoint button, which is Home Assistant's to press.
+NODE_WRITES = (protocol.STATE, protocol.STATUS, protocol.UPLINK)
+
+
+def node_user(node: str) -> str:
+    return NODE_USER + node
+
+
+def _node_grants(node: str, ha_prefix: str) -> list[str]:
+    out = [f"topic read {protocol.ROOT}/#"]
+    out += [f"topic write {protocol.node_topic(node, leaf)}" for leaf in NODE_WRITES]
+    out += [f"topic write {protocol.ALERTS}"]
+    out += [f"topic write {protocol.ha_config_topic(ha_prefix, '+', protocol.ha_node_id(node), '+')}"]
+    return out
+
+
+def acl(
+    sids: list[str], ha_prefix: str = protocol.HA_PREFIX, ha: bool = False, node: str = "", nodes: tuple[str, ...] = ()
+) -> str:
+    """`node`: the machine of the sentinels' bridge; `nodes`: every other node's bridge."""
     root = protocol.ROOT
     out = [
         "# Written by `holdover broker-config`. Mosquitto denies whatever is not granted here.",
         "",
         f"user {BRIDGE_USER}",
-        f"topic readwrite {root}/#",
-        f"topic readwrite {ha_prefix}/#",
+        *_node_grants(node, ha_prefix),
+        *(f"topic write {protocol.topic(sid, protocol.CMD)}" for sid in sids),
+        # The sentinels' entities in Home Assistant, emptied by `holdover ha-remove`.
+        *(f"topic write {protocol.ha_config_topic(ha_prefix, '+', sid, '+')}" for sid in sids),
+        f"topic read {ha_prefix}/#",
     ]
+    for other in nodes:
+        out += ["", f"user {node_user(other)}", *_node_grants(other, ha_prefix)]
     if ha:
         # Home Assistant: reads every state, announces itself, switches relays (the bridge signs
         # those) and presses a node's checkpoint button (the bridge rate-limits and journals it).
@@ -141,10 +177,13 @@ def write(
     ha: bool = False,
     owner: str | None = "mosquitto",
     rotate: list[str] | None = None,
+    node: str = "",
+    nodes: list[str] | None = None,
 ) -> Written:
     """mosquitto.conf, passwd and acl in `directory`; a password per user, kept in USER.password
     (0600) for the configs that need it. A user that already has one keeps it, so adding a
-    sentinel never locks out a board already deployed; `rotate` names those to replace."""
+    sentinel never locks out a board already deployed; `rotate` names those to replace. `node` is
+    this machine (the sentinels' bridge runs here), `nodes` the site's other nodes, a user each."""
     tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
     if not Path(tool).exists():
         raise BrokerConfigError("mosquitto_passwd is not installed: apt-get install mosquitto")
@@ -155,7 +194,12 @@ def write(
     w = Written(
         directory, directory / "mosquitto.conf", directory / "passwd", directory / "acl", directory / "holdover.conf"
     )
-    users = [BRIDGE_USER, *([HA_USER] if ha else []), *sids]
+    node = node or socket.gethostname().split(".")[0] or "node"  # [failover] node's own default
+    others = [n for n in dict.fromkeys(nodes or []) if n != node]
+    bad_nodes = [n for n in others if not NODE_NAME.fullmatch(n)]
+    if bad_nodes:
+        raise BrokerConfigError(f"--node {', '.join(bad_nodes)}: a node's name is its host name ([A-Za-z0-9_.-])")
+    users = [BRIDGE_USER, *([HA_USER] if ha else []), *sids, *map(node_user, others)]
     unknown = sorted(set(rotate or []) - set(users))
     if unknown:
         raise BrokerConfigError(f"--rotate {', '.join(unknown)}: no such client (the clients: {', '.join(users)})")
@@ -177,7 +221,7 @@ def write(
         _private(w.password_files[user], w.passwords[user] + "\n", None)
     os.chmod(w.passwd, 0o600)
     _own(w.passwd, owner)
-    _private(w.acl, acl(sids, ha=ha), owner)
+    _private(w.acl, acl(sids, ha=ha, node=node, nodes=tuple(others)), owner)
     w.conf.write_text(conf(directory, listen, port, persistence))
     w.fragment.write_text(fragment(directory, listen, port))
     return w

@@ -86,6 +86,7 @@ class MqttLink:
         c.on_connect_fail = self._on_connect_fail
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
+        c.on_publish = self._on_publish
         if will is not None:
             # The node's availability for Home Assistant: offline, retained, when the bridge is gone.
             c.will_set(will[0], will[1], qos=1, retain=True)
@@ -96,6 +97,9 @@ class MqttLink:
         self._connected_at = 0.0
         self._cut_short = 0  # connections the broker closed soon after accepting them, in a row
         self._said_taken = 0.0
+        self._in_flight: dict[int, str] = {}  # a QoS 1 publish's mid -> its topic, until the broker answers
+        self._refused: set[str] = set()  # topics the broker refused, each logged once
+        self._early: dict[int, object] = {}  # answers that came before publish() returned
 
     def start(self) -> None:
         # A persistent session: the broker queues QoS 1 events while the bridge is away (a week;
@@ -117,7 +121,14 @@ class MqttLink:
 
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         # paho queues it while disconnected and sends it on reconnect (QoS 1).
-        self.client.publish(topic, payload, qos=1, retain=retain)
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        # The answer is taken on paho's thread, sometimes before publish() returns (no lock here:
+        # paho calls on_publish holding its own, which publish() takes too).
+        early = self._early.pop(info.mid, None)
+        if early is not None:
+            self._judge(topic, early)
+        elif len(self._in_flight) < 10000:  # a broker that never answers must not grow this forever
+            self._in_flight[info.mid] = topic
 
     # paho's thread from here on: hand everything to the loop, touch nothing else.
 
@@ -187,6 +198,29 @@ class MqttLink:
     @property
     def _where(self) -> tuple[str, int]:
         return self.cfg.host, self.cfg.port
+
+    def _on_publish(self, _c: paho.Client, _ud: object, mid: int, reason: object, _props: object) -> None:
+        topic = self._in_flight.pop(mid, None)
+        if topic is None:
+            if len(self._early) < 1000:
+                self._early[mid] = reason
+            return
+        self._judge(topic, reason)
+
+    def _judge(self, topic: str, reason: object) -> None:
+        if not getattr(reason, "is_failure", False) or topic in self._refused:
+            return
+        # A broker's ACL refuses silently but for this answer (MQTT 5): a bridge whose [failover]
+        # node is not the name its broker login was made for would publish nothing, unseen.
+        self._refused.add(topic)
+        log.error(
+            "broker %s:%d refused %s from %s: %s (its ACL: is [failover] node the name `holdover "
+            "broker-config --node` made this login for?)",
+            *self._where,
+            topic,
+            self.cfg.username or "an anonymous login",
+            reason,
+        )
 
     def _on_message(self, _c: paho.Client, _ud: object, msg: paho.MQTTMessage) -> None:
         item = Inbound(msg.topic, bytes(msg.payload), bool(msg.retain), time.time())

@@ -41,7 +41,7 @@ from holdover.node.netlink import open_handle
 from holdover.node.rescue import Rescuer, no_runtime
 from holdover.node.systemd import Notifier
 from holdover.node.ups import UpsReading, UpsWatch
-from holdover.settings import Settings
+from holdover.settings import Settings, SlurmCircuit
 
 log = logging.getLogger("holdover.bridge")
 NODE = protocol.NODE  # the "sentinel" id of events about this machine itself
@@ -119,7 +119,11 @@ class Bridge:
         bonds = self.settings.bonding
         if bonds.enabled and (bonds.proc / "net" / "bonding").is_dir():
             self.reactions.append(BondWatch(bonds, self.node_event))
-        self.circuits = Circuits(self.settings, self.node_event) if self.settings.slurm.enabled else None
+        self.circuits = (
+            Circuits(self.settings, self.node_event, last_word=self._last_power_word)
+            if self.settings.slurm.enabled
+            else None
+        )
         self.peers = PeerWatch(self.settings.cluster, self.node_event) if self.settings.cluster.peers else None
         if self.peers is not None:
             self.reactions.append(self.peers)
@@ -238,6 +242,17 @@ class Bridge:
             if s.url == item.port:
                 # A serial write waits for the UART; off the loop, which must keep taking events.
                 asyncio.get_running_loop().run_in_executor(None, s.write, payload)
+
+    def _last_power_word(self, c: SlurmCircuit) -> Event | None:
+        """The journal's newest word on a circuit's power: its sentinel's mains, or the host UPS."""
+        said: list[Event] = []
+        with self.journal.guard(f"reading circuit {c.name}'s last power event"):
+            if c.sentinel is not None:
+                mains = (protocol.MAINS_LOST, protocol.MAINS_RESTORED)
+                said += self.journal.events(sid=c.sentinel, kinds=mains, limit=1)
+            if c.ups:
+                said += self.journal.events(sid=NODE, kinds=(events.UPS_ON_BATTERY, events.UPS_ONLINE), limit=1)
+        return max(said, key=lambda e: e.rx_ts, default=None)
 
     def _ups_read(self, r: UpsReading) -> None:
         with self.journal.guard(f"keeping the history of UPS {self.settings.ups.name}"):

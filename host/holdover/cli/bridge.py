@@ -50,6 +50,9 @@ def broker_config(
     rotate: list[str] = typer.Option(
         [], "--rotate", help="Give this client (a sentinel id, holdover, homeassistant) a new password; repeatable."
     ),
+    node: list[str] = typer.Option(
+        [], "--node", help="Another node of the site: a broker user of its own (holdover-node-NAME); repeatable."
+    ),
 ) -> None:
     """Write a Mosquitto config with a password per client and an ACL per sentinel, and print the
     lines that make the bridge's and each sentinel's configs match."""
@@ -57,7 +60,8 @@ def broker_config(
 
     cfg = load_config(config, secrets_later=True)
     try:
-        w = bc.write(out, [s.id for s in cfg.sentinels], listen, port, persistence, ha, rotate=rotate)
+        sids = [s.id for s in cfg.sentinels]
+        w = bc.write(out, sids, listen, port, persistence, ha, rotate=rotate, node=cfg.node, nodes=node)
     except OSError as e:
         raise bc.BrokerConfigError(str(e)) from None
     typer.echo(f"wrote {w.conf}, {w.passwd} ({len(w.passwords)} users, hashed), {w.acl}")
@@ -82,6 +86,11 @@ def broker_config(
     for s in cfg.sentinels:
         mqtt = {"host": host, "port": port, "user": s.id, "password": w.passwords[s.id]}
         typer.echo(f'\nsentinel {s.id}, in its config.json:\n  "mqtt": {json.dumps(mqtt)}')
+    for other in (u for u in w.passwords if u.startswith(bc.NODE_USER)):
+        typer.echo(
+            f"\nnode {other.removeprefix(bc.NODE_USER)}: copy {w.password_files[other]} there (0600), and in its "
+            f'[mqtt]:\n  username = "{other}"\n  password_file = "<where you copied it>"'
+        )
     if ha:
         typer.echo(f"\nHome Assistant's MQTT: user {bc.HA_USER}, password in {w.password_files[bc.HA_USER]}")
 

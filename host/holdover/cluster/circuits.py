@@ -55,7 +55,10 @@ class Circuits:
         settings: Settings,
         raise_event: Callable[[str, dict[str, Any]], Event],
         slurm: Slurm | None = None,
+        last_word: Callable[[SlurmCircuit], Event | None] | None = None,
     ) -> None:
+        """`last_word`: the journal's newest event about a circuit's power (a loss or its return),
+        so that a restarted bridge picks up a cut that is still open."""
         self.s = settings.slurm
         self.grace = self.s.grace if self.s.grace is not None else settings.protect.grace
         self.raise_event = raise_event
@@ -67,11 +70,24 @@ class Circuits:
         self._heard = asyncio.Event()  # a node state came in: the jobs waiting to be saved look again
         self._follows: set[asyncio.Task[None]] = set()
         self._said: dict[str, str] = {}  # circuit -> the Slurm failure last told (told once, not each retry)
+        self.last_word = last_word
 
     # --- Reaction --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        pass
+        """A bridge (re)started during a cut goes on with it: what it did to Slurm is in Slurm (the
+        drain reason is the record), what the power did is in the journal. A cut the journal holds
+        open is drained (again: draining a node holdover drained changes nothing) and its jobs told,
+        after what is left of the grace; its return resumes holdover's nodes, as for any cut."""
+        if self.last_word is None:
+            return
+        for c in self.s.circuits:
+            event = self.last_word(c)
+            lost = self._lost(c, event) if event is not None else None
+            if event is not None and lost:
+                log.info("circuit %s: a cut still open at start (%s): handled from here", c.name, lost)
+                self._out[c.name] = lost
+                self._replace(c, self._cut(c, lost, event, waited=max(0.0, time.time() - event.rx_ts)))
 
     def on_event(self, event: Event) -> None:
         for c in self.s.circuits:
@@ -81,14 +97,15 @@ class Circuits:
             if lost and c.name not in self._out:
                 self._out[c.name] = lost
                 self._replace(c, self._cut(c, lost, event))
-            elif not lost and c.name in self._out:
+            elif not lost and c.name in self._in_grace:
                 del self._out[c.name]
-                if c.name in self._in_grace:
-                    self._in_grace.discard(c.name)
-                    self._pending.pop(c.name).cancel()  # a blip: nothing was drained
-                else:
-                    # Also after a bridge restart: _back resumes only nodes whose reason is holdover's.
-                    self._replace(c, self._back(c))
+                self._in_grace.discard(c.name)
+                self._pending.pop(c.name).cancel()  # a blip: nothing was drained
+            elif not lost:
+                # Also when this bridge never saw the cut (restarted since, or down during it): the
+                # drain reason in Slurm is the record, and _back resumes only nodes holdover drained.
+                self._out.pop(c.name, None)
+                self._replace(c, self._back(c))
 
     def node_state(self, node: str, body: dict[str, Any]) -> None:
         """A node's bridge said what its runs are doing (holdover/node/NODE/state)."""
@@ -158,9 +175,9 @@ class Circuits:
                 return found
             await asyncio.sleep(self.retry_s)
 
-    async def _cut(self, c: SlurmCircuit, why: str, event: Event) -> None:
+    async def _cut(self, c: SlurmCircuit, why: str, event: Event, waited: float = 0.0) -> None:
         self._in_grace.add(c.name)
-        await asyncio.sleep(self.grace)
+        await asyncio.sleep(max(0.0, self.grace - waited))
         self._in_grace.discard(c.name)
         names = await self._retrying(c, f"expanding {c.nodes}", self.slurm.hostnames, c.nodes)
         reason = f"{REASON_PREFIX} {why}"
