@@ -63,7 +63,9 @@ def test_launch_logs_registers_and_recover_says_how_to_resume(tmp_path: Path, pr
 
     subprocess.run(["kill", "-9", str(run.pid)], check=True)  # the outage
     wait_for(lambda: not registry.pid_alive(run.pid), 10, "the run to die")
-    got = recover(reg)[0]
+    # tmux marks the pane dead a moment after its process is gone (seen: still "running" once the
+    # pid was gone, in a clean-clone run): recover is asked until it has seen the end.
+    got = wait_for(lambda: next((x for x in recover(reg) if x["state"] != "running"), None), 10, "recover seeing it")
     assert (got["state"], got["how"]) == ("killed", "signal SIGKILL")
     assert got["checkpoint"]["step"] == lines[-1]["step"]
     assert Path(got["checkpoint"]["dir"]) == ckpt.candidates(ck)[0]
