@@ -212,6 +212,10 @@ class UplinkSettings(_Strict):
     gateway: str = Field(min_length=7, description="the next hop through it (an IPv4 address)")
 
 
+# A node's name: in its MQTT topics, its broker login (holdover-node-NAME) and Home Assistant.
+NODE_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
 class FailoverSettings(_Strict):
     """The node's uplinks, the first the primary; empty: no failover."""
 
@@ -231,7 +235,7 @@ class FailoverSettings(_Strict):
     netns: str | None = Field(None, description="run in this network namespace (tests); default: this machine's")
     node: str = Field(
         default_factory=lambda: socket.gethostname().split(".")[0] or "node",
-        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        pattern=NODE_NAME,
         description="this node's name in its MQTT topic (holdover/node/NAME/uplink); default: the host name",
     )
 

@@ -22,7 +22,6 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,14 +29,12 @@ from holdover import proc
 from holdover.errors import HoldoverError
 from holdover.files import kept_secret, write_private
 from holdover.firmware import protocol
+from holdover.settings import NODE_NAME
 
 BRIDGE_USER = "holdover-bridge"
 HA_USER = "homeassistant"
 # What a sentinel publishes under holdover/SID/ (its last will goes to STATUS too).
 SENTINEL_WRITES = (protocol.STATUS, protocol.STATE, protocol.EVENT, protocol.CMD_ACK)
-
-
-NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # as [failover] node takes it
 
 
 class BrokerConfigError(HoldoverError, RuntimeError):
@@ -75,7 +72,7 @@ def _node_grants(node: str, ha_prefix: str) -> list[str]:
 
 
 def acl(
-    sids: list[str], ha_prefix: str = protocol.HA_PREFIX, ha: bool = False, node: str = "", nodes: tuple[str, ...] = ()
+    sids: list[str], ha_prefix: str = protocol.HA_PREFIX, ha: bool = False, *, node: str, nodes: tuple[str, ...] = ()
 ) -> str:
     """`node`: the machine of the sentinels' bridge; `nodes`: every other node's bridge."""
     root = protocol.ROOT
@@ -177,7 +174,8 @@ def write(
     ha: bool = False,
     owner: str | None = "mosquitto",
     rotate: list[str] | None = None,
-    node: str = "",
+    *,
+    node: str,
     nodes: list[str] | None = None,
 ) -> Written:
     """mosquitto.conf, passwd and acl in `directory`; a password per user, kept in USER.password
@@ -194,9 +192,8 @@ def write(
     w = Written(
         directory, directory / "mosquitto.conf", directory / "passwd", directory / "acl", directory / "holdover.conf"
     )
-    node = node or socket.gethostname().split(".")[0] or "node"  # [failover] node's own default
     others = [n for n in dict.fromkeys(nodes or []) if n != node]
-    bad_nodes = [n for n in others if not NODE_NAME.fullmatch(n)]
+    bad_nodes = [n for n in others if not re.match(NODE_NAME, n)]
     if bad_nodes:
         raise BrokerConfigError(f"--node {', '.join(bad_nodes)}: a node's name is its host name ([A-Za-z0-9_.-])")
     users = [BRIDGE_USER, *([HA_USER] if ha else []), *sids, *map(node_user, others)]

@@ -84,7 +84,7 @@ class Circuits:
         for c in self.s.circuits:
             event = self.last_word(c)
             lost = self._lost(c, event) if event is not None else None
-            if event is not None and lost:
+            if lost:
                 log.info("circuit %s: a cut still open at start (%s): handled from here", c.name, lost)
                 self._out[c.name] = lost
                 self._replace(c, self._cut(c, lost, event, waited=max(0.0, time.time() - event.rx_ts)))

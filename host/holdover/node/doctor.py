@@ -270,7 +270,7 @@ class Doctor:
         session every two seconds and would both run every hook: found by the journal they share."""
         name = "one bridge runs for this node"
         journal = str(self.cfg.journal.path.resolve())
-        found = sorted(_bridges_on(journal), key=lambda p: p[0])
+        found = sorted(_bridges_on(journal))
         if not found:  # whether one ran lately, the sentinels' checks say
             return Check(name, SKIP, f"no bridge running with {journal} open")
         if len(found) > 1:
