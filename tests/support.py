@@ -24,6 +24,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
 
 from holdover.board.emulator import DEFAULT_HEAP, firmware_dir, micropython_binary
 from holdover.lab.broker import free_port
@@ -129,6 +130,34 @@ class Listener:
 
 
 # --- a protected training run (holdover.train.toy) as a child process -------------------------
+
+
+class Mqtt5:
+    """An MQTT 5 client that keeps the reason codes Mosquitto answers with (0x87: not authorized)."""
+
+    def __init__(self, port: int, user: str | None, password: str | None) -> None:
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+        if user:
+            self.c.username_pw_set(user, password)
+        self.connack: ReasonCode | None = None
+        self.acks: dict[int, ReasonCode] = {}
+        self.got: list[str] = []
+        self.done = threading.Event()
+        self.c.on_connect = lambda _c, _u, _f, rc, _p: (setattr(self, "connack", rc), self.done.set())
+        self.c.on_publish = lambda _c, _u, mid, rc, _p: self.acks.__setitem__(mid, rc)
+        self.c.on_subscribe = lambda _c, _u, mid, rcs, _p: self.acks.__setitem__(mid, rcs[0])
+        self.c.on_message = lambda _c, _u, m: self.got.append(m.topic)
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+        assert self.done.wait(10)
+
+    def ack(self, mid: int) -> ReasonCode:
+        wait_for(lambda: mid in self.acks, 10, f"the broker's answer to {mid}")
+        return self.acks[mid]
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
 
 
 def losses(out: str) -> dict[int, float]:

@@ -7,52 +7,20 @@ import json
 import logging
 import re
 import subprocess
-import threading
 import time
 import tomllib
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import tomli_w
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.reasoncodes import ReasonCode
 
 from holdover.bridge import Bridge, BridgeThread
 from holdover.bridge import broker_config as bc
 from holdover.firmware import protocol
 from holdover.lab.broker import Broker
 from holdover.settings import Settings
-from support import HOLDOVER, wait_for
+from support import HOLDOVER, Mqtt5, wait_for
 
 KEYS = {"demo": "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f", "rack2": "5e0b8d2f7a4c9e1b3f6a8d0c2e5b7f9a"}
-
-
-class Client:
-    """An MQTT 5 client that keeps the reason codes Mosquitto answers with."""
-
-    def __init__(self, port: int, user: str | None, password: str | None) -> None:
-        self.c = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
-        if user:
-            self.c.username_pw_set(user, password)
-        self.connack: ReasonCode | None = None
-        self.acks: dict[int, ReasonCode] = {}
-        self.got: list[str] = []
-        self.done = threading.Event()
-        self.c.on_connect = lambda _c, _u, _f, rc, _p: (setattr(self, "connack", rc), self.done.set())
-        self.c.on_publish = lambda _c, _u, mid, rc, _p: self.acks.__setitem__(mid, rc)
-        self.c.on_subscribe = lambda _c, _u, mid, rcs, _p: self.acks.__setitem__(mid, rcs[0])
-        self.c.on_message = lambda _c, _u, m: self.got.append(m.topic)
-        self.c.connect("127.0.0.1", port)
-        self.c.loop_start()
-        assert self.done.wait(10)
-
-    def ack(self, mid: int) -> ReasonCode:
-        wait_for(lambda: mid in self.acks, 10, f"the broker's answer to {mid}")
-        return self.acks[mid]
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 def _generate(tmp_path: Path, site: Path) -> tuple[bc.Written, str]:
@@ -106,9 +74,9 @@ def test_a_sentinel_speaks_only_for_itself_through_the_generated_broker(
     rig.wait("mains_lost", 10)
     port = rig.broker.port
 
-    spy = Client(port, bc.BRIDGE_USER, w.passwords[bc.BRIDGE_USER])
+    spy = Mqtt5(port, bc.BRIDGE_USER, w.passwords[bc.BRIDGE_USER])
     spy.c.subscribe("holdover/#", qos=1)
-    demo = Client(port, "demo", w.passwords["demo"])
+    demo = Mqtt5(port, "demo", w.passwords["demo"])
     assert not demo.connack.is_failure
     forged = protocol.topic("rack2", protocol.EVENT)
     assert demo.ack(demo.c.publish(forged, b"{}", qos=1).mid).value == 0x87  # Not authorized
@@ -124,7 +92,7 @@ def test_a_sentinel_speaks_only_for_itself_through_the_generated_broker(
     wait_for(lambda: protocol.topic("demo", protocol.CMD) in demo.got, 5, "its own command")
     assert protocol.topic("rack2", protocol.CMD) not in demo.got
     for user, password in ((None, None), ("demo", "wrong"), ("rack2", w.passwords["demo"])):
-        c = Client(port, user, password)
+        c = Mqtt5(port, user, password)
         assert c.connack.is_failure, (user, c.connack)
         c.close()
     demo.close()
@@ -196,13 +164,13 @@ def test_a_node_speaks_only_for_itself_and_presses_no_button(tmp_path: Path, sit
         for u in ("holdover-bridge", "homeassistant", "holdover-node-gpu1")
     }
     with Broker(auth=bc.auth(out)) as broker:
-        spy = Client(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])
+        spy = Mqtt5(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])
         spy.ack(spy.c.subscribe("holdover/#", qos=1)[1])
-        gpu1 = Client(broker.port, "holdover-node-gpu1", pw["holdover-node-gpu1"])
-        head = Client(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])
-        ha = Client(broker.port, bc.HA_USER, pw[bc.HA_USER])
+        gpu1 = Mqtt5(broker.port, "holdover-node-gpu1", pw["holdover-node-gpu1"])
+        head = Mqtt5(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])
+        ha = Mqtt5(broker.port, bc.HA_USER, pw[bc.HA_USER])
 
-        def answer(c: Client, topic: str, retain: bool = False) -> int:
+        def answer(c: Mqtt5, topic: str, retain: bool = False) -> int:
             return c.ack(c.c.publish(topic, b'{"forged": true}', qos=1, retain=retain).mid).value
 
         node = protocol.node_topic
@@ -231,7 +199,7 @@ def test_a_node_speaks_only_for_itself_and_presses_no_button(tmp_path: Path, sit
             assert answer(c, topic) == 0, topic
         wait_for(lambda: all(t in spy.got for _c, t in allowed), 5, "every allowed publish delivered")
         assert sorted(spy.got) == sorted(t for _c, t in allowed)  # and nothing refused, as it was sent
-        late = Client(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])  # a controller starting now
+        late = Mqtt5(broker.port, bc.BRIDGE_USER, pw[bc.BRIDGE_USER])  # a controller starting now
         late.ack(late.c.subscribe("holdover/#", qos=1)[1])
         time.sleep(0.5)
         assert late.got == [], "a refused retained message was kept"

@@ -137,7 +137,7 @@ def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory,
         press = protocol.node_topic(NODE, protocol.NODE_CHECKPOINT)
         _publish(rig, press, b"PRESS")
         wait_for(lambda: len(_checkpoints(rig)) == 1, 5, "the checkpoint asked for")
-        assert _checkpoints(rig) == [{"by": "home assistant"}]
+        assert _checkpoints(rig) == [{"by": f"home assistant ({press})"}]
         _publish(rig, press, b"PRESS")
         _publish(rig, press, b"PRESS", retain=True)
         _publish(rig, press, b"rm -rf")
@@ -172,6 +172,16 @@ def test_on_the_normally_open_contact_the_relay_is_a_switch_and_a_cycle_releases
     off = rig.wait("relay", 5, since)
     back = rig.wait("relay", 5, off.at + 1e-6)
     assert (off.info["data"]["on"], back.info["data"]["on"]) == (False, True), (off, back)
+    # Journaled with who asked for it (the broker's ACL lets only Home Assistant publish there).
+    with Journal(rig.dir / "journal.db", readonly=True) as j:
+        [asked] = j.events(kinds=["relay_commanded"])
+    want = {
+        "sentinel": rig.sid,
+        "op": "pulse",
+        "ms": 400,
+        "by": f"home assistant ({protocol.topic(rig.sid, 'relay/set')})",
+    }
+    assert {k: asked.data[k] for k in want} == want, asked.data
     assert boot is not None
 
 

@@ -5,6 +5,7 @@ namespaces (holdover.lab.slurm), a real Mosquitto, the emulated sentinel and a b
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from holdover.journal import Journal
 from holdover.lab import slurm as slurm_lab
 from holdover.lab.slurm import SlurmLab
-from support import HOLDOVER, KEY, wait_for
+from support import HOLDOVER, KEY, Mqtt5, wait_for
 
 needs_slurm = pytest.mark.skipif(
     not slurm_lab.available(), reason="needs Debian's slurmd (scripts/ensure-system-deps.sh)"
@@ -216,7 +217,6 @@ def test_the_bridge_refuses_a_circuit_naming_a_node_slurm_does_not_know(tmp_path
 def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
     """A two-rank torch job (gloo, one rank a node, the Guard agreeing on the step), a bridge on
     each node reporting its runs, the controller's bridge requeueing the job once both saved."""
-    import json
     import sys
 
     from holdover.bridge.service import Bridge, BridgeThread
@@ -317,16 +317,42 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
 
 
 @needs_slurm
-def test_a_controller_killed_mid_cut_drains_on_restart_and_resumes_what_it_drained(rig_factory) -> None:
-    """The controller's bridge as its unit runs it (a process of its own), killed with SIGKILL:
-    during the grace (nothing drained yet), and again while drained, with the power coming back
-    while it is down. Slurm's drain reason and the journal are all it has on restart."""
+def test_a_controller_killed_at_each_turn_of_a_cut_goes_on_from_slurm_and_its_journal(
+    rig_factory, site_dir: Path
+) -> None:
+    """The controller's bridge as its unit runs it (a process of its own), killed with SIGKILL at
+    each turn of a cut, on a broker running the ACL broker-config writes for nodes n1 and n2:
+    - inside the grace (nothing drained yet): the restart drains after what is left of it;
+    - drained, a job told to checkpoint: the restart follows the job again without telling it a
+      second time; a forged "saved" from n2's login is refused by the broker, never requeues it,
+      and n1's own report does;
+    - power back while no bridge runs, and killed again in the steady wait before the resume: the
+      restart resumes what holdover drained. Slurm's drain reason and the journal are all it has."""
+    from holdover.bridge import broker_config as bc
+    from holdover.firmware import protocol
+
+    cfg = site_dir / "site.toml"
+    cfg.write_text(f'[failover]\nnode = "head"\n[[sentinels]]\nid = "demo"\nkey = "{KEY}"\n')
+    auth = site_dir / "mosquitto"
+    argv = [HOLDOVER, "broker-config", "-c", str(cfg), "--out", str(auth), "--node", "n1", "--node", "n2"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pw = {u: (auth / f"{u}.password").read_text().strip() for u in ("demo", "holdover-node-n1", "holdover-node-n2")}
+
     with SlurmLab({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
-        rig = rig_factory(bridge=False, bridge_extra=_slurm(lab, grace=3, resume_after_s=0.5, timeout_s=5))
+        more = {"grace": 3, "resume_after_s": 3, "timeout_s": 5, "then": "requeue", "save_timeout_s": 300}
+        rig = rig_factory(
+            bridge=False,
+            broker_auth=bc.auth(auth),
+            firmware={"mqtt": {"user": "demo", "password": pw["demo"]}},
+            bridge_mqtt={"username": bc.BRIDGE_USER, "password_file": str(auth / f"{bc.BRIDGE_USER}.password")},
+            bridge_extra={**_slurm(lab, **more), "failover": {"node": "head"}},
+        )
         config = str(rig.dir / "holdover.toml")
+        logged = rig.dir / "bridge.log"
 
         def bridge() -> subprocess.Popen[bytes]:
-            log = (rig.dir / "bridge.log").open("ab")
+            log = logged.open("ab")
             return subprocess.Popen([HOLDOVER, "bridge", "-c", config], stdout=log, stderr=log)
 
         def journaled(kind: str) -> int:
@@ -334,15 +360,25 @@ def test_a_controller_killed_mid_cut_drains_on_restart_and_resumes_what_it_drain
                 return len(_events(rig, kind))
             return 0
 
+        def killed(p: subprocess.Popen[bytes]) -> None:
+            p.kill()
+            p.wait(10)
+
+        # Each signal the job's task gets is a line: told twice would be two.
+        told = lab.dir / "sig-n1"
+        task = TASK.replace("> {dir}/sig-", ">> {dir}/sig-").format(dir=lab.dir)
+        job = lab.run("sbatch", "--parsable", "-w", "n1", "-o", str(lab.dir / "job.out"), "--wrap", task).strip()
+        wait_for(lambda: _running(lab, job), 15, "the job running")
+        time.sleep(0.5)  # the task's trap set
+
         first = bridge()
         try:
             wait_for(lambda: journaled("boot"), 20, "the bridge hearing the sentinel")
             rig.control.send(mains=False)
             wait_for(lambda: journaled("mains_lost"), 10, "mains_lost journaled")
         finally:
-            first.kill()  # inside the grace: nothing drained yet
-            first.wait(10)
-        assert journaled("slurm_drained") == 0 and lab.states()["n1"][0].rstrip("*") == "idle"
+            killed(first)  # inside the grace: nothing drained yet
+        assert journaled("slurm_drained") == 0 and lab.states()["n1"][0].rstrip("*") == "allocated"
 
         second = bridge()
         try:
@@ -350,19 +386,51 @@ def test_a_controller_killed_mid_cut_drains_on_restart_and_resumes_what_it_drain
             wait_for(lambda: journaled("slurm_drained"), 20, "the circuit drained after the restart")
             states = lab.states()
             assert all(states[n][1].startswith("holdover: mains lost at demo") for n in ("n1", "n2")), states
+            wait_for(lambda: told.exists(), 5, "the job told to checkpoint")
         finally:
-            second.kill()
-            second.wait(10)
+            killed(second)
+
+        third = bridge()
+        try:
+            wait_for(lambda: "1 job(s) still followed" in logged.read_text(), 20, "the job followed again")
+            node_state = lambda n, step: json.dumps(  # noqa: E731
+                {"node": n, "ts": time.time(), "runs": {"train": {"job": job, "step": step, "checkpoint_age_s": 0}}}
+            ).encode()
+            # n2's login speaking for n1: refused by the broker, so neither retained nor delivered.
+            n2 = Mqtt5(rig.broker.port, "holdover-node-n2", pw["holdover-node-n2"])
+            topic = protocol.node_topic("n1", protocol.STATE)
+            assert n2.ack(n2.c.publish(topic, node_state("n1", 999), qos=1, retain=True).mid).value == 0x87
+            n2.close()
+            time.sleep(1.0)
+            assert journaled("slurm_job_saved") == 0 and _running(lab, job)
+            n1 = Mqtt5(rig.broker.port, "holdover-node-n1", pw["holdover-node-n1"])
+            assert n1.ack(n1.c.publish(topic, node_state("n1", 7), qos=1, retain=True).mid).value == 0
+            n1.close()
+            wait_for(lambda: journaled("slurm_job_saved"), 10, "n1's own report taken")
+            [saved] = _events(rig, "slurm_job_saved")
+            assert (saved["job"], saved["step"], saved["then"]) == (job, 7, "requeued"), saved
+            wait_for(lambda: "PENDING" in lab.run("squeue", "-h", "-j", job, "-o", "%T"), 15, "the job requeued")
+            assert told.read_text().split() == [job], "told to checkpoint a second time"
+            assert journaled("slurm_drained") == 1  # and nothing drained twice
+        finally:
+            killed(third)
 
         rig.control.send(mains=True)  # power back while no bridge runs
         time.sleep(1)
-        third = bridge()
+        fourth = bridge()
         try:
             # Heard on reconnect (the broker kept its session; the sentinel resends until receipted).
-            wait_for(lambda: journaled("slurm_resumed"), 20, "holdover's nodes resumed")
-            states = lab.states()
-            assert all(states[n][0].rstrip("*") == "idle" and states[n][1] == "none" for n in ("n1", "n2")), states
-            assert journaled("slurm_drained") == 1  # nothing drained twice
+            wait_for(lambda: journaled("mains_restored"), 20, "the return of the power heard")
         finally:
-            third.terminate()
-            third.wait(20)
+            killed(fourth)  # in the steady wait: nothing resumed yet
+        assert journaled("slurm_resumed") == 0 and lab.states()["n1"][1].startswith("holdover:")
+
+        fifth = bridge()
+        try:
+            wait_for(lambda: journaled("slurm_resumed"), 20, "holdover's nodes resumed after the restart")
+            states = lab.states()
+            assert all(states[n][1] == "none" for n in ("n1", "n2")), states
+            assert journaled("slurm_drained") == 1 and journaled("slurm_job_saved") == 1
+        finally:
+            fifth.terminate()
+            fifth.wait(20)

@@ -144,6 +144,7 @@ def test_every_post_is_refused_without_the_token_and_works_with_it(api) -> None:
     assert r.status_code == 422 and "before" in r.text, r.text
     r = client.post("/api/actions/relay/demo", json={"op": "on"}, headers=good)
     assert r.status_code == 202 and r.json()["command_id"]
+    cid = r.json()["command_id"]
     assert client.post("/api/actions/test-alert", headers=good).json() == {"channels": {}}
     r = client.post("/api/actions/checkpoint", headers=good)
     assert r.status_code == 202
@@ -153,6 +154,13 @@ def test_every_post_is_refused_without_the_token_and_works_with_it(api) -> None:
             return [x["reason"] for x in RescueLedger(j).rescues()] == ["checkpoint_requested"]
 
     wait_for(rescue_opened, 10, "the emergency checkpoint the API asked for")
+    # Each press journaled with who pressed: the token's holder, and from where.
+    with Journal(_rig.dir / "journal.db", readonly=True) as j:
+        [asked] = j.events(kinds=["checkpoint_requested"])
+        [relay] = j.events(kinds=["relay_commanded"])
+    assert asked.data == {"by": "api (token, from 127.0.0.1)"}, asked.data
+    assert relay.data["by"] == "api (token, from 127.0.0.1)" and relay.data["sentinel"] == "demo", relay.data
+    assert (relay.data["op"], relay.data["command"]) == ("on", cid), relay.data
 
 
 def test_a_schemathesis_fuzz_of_the_served_schema_meets_no_server_error(api) -> None:

@@ -44,6 +44,7 @@ POWER_DISAGREE = "power_disagree"  # a sentinel says mains lost, the UPS says on
 FINAL_COMMAND = "final_command"  # the site goes down: NUT clients of the served sentinels see FSD
 JOURNAL_BROKEN = "journal_broken"  # the bridge's journal cannot write: events held in memory, acted on
 JOURNAL_RESTORED = "journal_restored"
+RELAY_COMMANDED = "relay_commanded"  # a signed relay command sent, with who asked
 FAILOVER = "failover"  # the node's traffic moved to a backup uplink
 FAILBACK = "failback"
 
@@ -135,6 +136,7 @@ _KINDS = (
         starts_rescue=True,
         doing="every protected training run saves now",
     ),
+    Kind(RELAY_COMMANDED, INFO, "relay at {sentinel}: {op} asked by {by}", HOST, alert=False),
     Kind("checkpoint_started", WARNING, "emergency checkpoint of {target} started", HOST),
     Kind(
         "checkpoint_verified",

@@ -122,7 +122,8 @@ class NodeReport:
             why = f"pressed again within [ha] press_every_s ({self.s.ha.press_every_s:.0f} s)"
         else:
             self._last_press = time.monotonic()
-            self.node_event("checkpoint_requested", {"by": "home assistant"})
+            # Only Home Assistant's login may publish here where broker-config wrote the ACL.
+            self.node_event("checkpoint_requested", {"by": f"home assistant ({self.press_topic})"})
             return None
         log.warning("checkpoint button on %s refused: %s", self.press_topic, why)
         return why

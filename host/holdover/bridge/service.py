@@ -41,7 +41,7 @@ from holdover.node.netlink import open_handle
 from holdover.node.rescue import Rescuer, no_runtime
 from holdover.node.systemd import Notifier
 from holdover.node.ups import UpsReading, UpsWatch
-from holdover.settings import Settings, SlurmCircuit
+from holdover.settings import Settings
 
 log = logging.getLogger("holdover.bridge")
 NODE = protocol.NODE  # the "sentinel" id of events about this machine itself
@@ -120,9 +120,7 @@ class Bridge:
         if bonds.enabled and (bonds.proc / "net" / "bonding").is_dir():
             self.reactions.append(BondWatch(bonds, self.node_event))
         self.circuits = (
-            Circuits(self.settings, self.node_event, last_word=self._last_power_word)
-            if self.settings.slurm.enabled
-            else None
+            Circuits(self.settings, self.node_event, journal=self.journal) if self.settings.slurm.enabled else None
         )
         self.peers = PeerWatch(self.settings.cluster, self.node_event) if self.settings.cluster.peers else None
         if self.peers is not None:
@@ -243,17 +241,6 @@ class Bridge:
                 # A serial write waits for the UART; off the loop, which must keep taking events.
                 asyncio.get_running_loop().run_in_executor(None, s.write, payload)
 
-    def _last_power_word(self, c: SlurmCircuit) -> Event | None:
-        """The journal's newest word on a circuit's power: its sentinel's mains, or the host UPS."""
-        said: list[Event] = []
-        with self.journal.guard(f"reading circuit {c.name}'s last power event"):
-            if c.sentinel is not None:
-                mains = (protocol.MAINS_LOST, protocol.MAINS_RESTORED)
-                said += self.journal.events(sid=c.sentinel, kinds=mains, limit=1)
-            if c.ups:
-                said += self.journal.events(sid=NODE, kinds=(events.UPS_ON_BATTERY, events.UPS_ONLINE), limit=1)
-        return max(said, key=lambda e: e.rx_ts, default=None)
-
     def _ups_read(self, r: UpsReading) -> None:
         with self.journal.guard(f"keeping the history of UPS {self.settings.ups.name}"):
             self.ups_history.record(self.settings.ups.name, r.runtime_s, r.charge, r.on_battery)
@@ -322,8 +309,9 @@ class Bridge:
             except Exception:  # one broken reaction must not keep the event from the others
                 log.exception("reaction %s failed on %s from %s", type(r).__name__, event.kind, event.sid)
 
-    def send_command(self, sid: str, op: str, ms: int = 0) -> str:
-        """Sign and send a relay command for the sentinel's current boot; returns its id (the ack carries it)."""
+    def send_command(self, sid: str, op: str, ms: int = 0, by: str = "api") -> str:
+        """Sign and send a relay command for the sentinel's current boot; returns its id (the ack
+        carries it). Journaled with who asked (`by`): a relay cuts a modem's power."""
         held = self.journal.sentinel(sid)
         if held is None or not held["boot"]:
             raise command.CommandError(f"{sid}: no state heard yet, so its boot is unknown")
@@ -332,6 +320,7 @@ class Bridge:
             self.link.publish(protocol.topic(sid, protocol.CMD), payload)
         elif not any(s.write(payload) for s in self.serial):
             raise command.CommandError(f"{sid}: neither the broker nor a serial port is reachable")
+        self.node_event(events.RELAY_COMMANDED, {"sentinel": sid, "op": op, "ms": ms, "command": cid, "by": by})
         return cid
 
     def _relay_set(self, sid: str, op: str, ms: int) -> None:
@@ -339,7 +328,8 @@ class Bridge:
             log.warning("relay/set for %s ignored: mqtt.ha_commands is off", sid)
             return
         try:
-            cid = self.send_command(sid, op, ms)
+            # Only Home Assistant's login may publish relay/set where broker-config wrote the ACL.
+            cid = self.send_command(sid, op, ms, by=f"home assistant ({protocol.topic(sid, protocol.RELAY_SET)})")
             log.info("Home Assistant: relay %s%s for %s (command %s)", op, f" {ms} ms" if ms else "", sid, cid)
         except command.CommandError as e:
             log.warning("Home Assistant relay/set not forwarded: %s", e)

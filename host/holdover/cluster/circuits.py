@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from holdover import events
 from holdover.cluster.slurm import REASON_PREFIX, Job, Slurm, SlurmError
 from holdover.firmware import protocol
-from holdover.journal import Event
+from holdover.journal import Event, Journal
 from holdover.settings import Settings, SlurmCircuit
 
 log = logging.getLogger("holdover.cluster")
@@ -55,10 +56,10 @@ class Circuits:
         settings: Settings,
         raise_event: Callable[[str, dict[str, Any]], Event],
         slurm: Slurm | None = None,
-        last_word: Callable[[SlurmCircuit], Event | None] | None = None,
+        journal: Journal | None = None,
     ) -> None:
-        """`last_word`: the journal's newest event about a circuit's power (a loss or its return),
-        so that a restarted bridge picks up a cut that is still open."""
+        """`journal`: what this bridge said before it (re)started, so that it picks up a cut still
+        open, the jobs it told to checkpoint and a return of the power it did not act on."""
         self.s = settings.slurm
         self.grace = self.s.grace if self.s.grace is not None else settings.protect.grace
         self.raise_event = raise_event
@@ -70,24 +71,67 @@ class Circuits:
         self._heard = asyncio.Event()  # a node state came in: the jobs waiting to be saved look again
         self._follows: set[asyncio.Task[None]] = set()
         self._said: dict[str, str] = {}  # circuit -> the Slurm failure last told (told once, not each retry)
-        self.last_word = last_word
+        self.journal = journal
 
     # --- Reaction --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """A bridge (re)started during a cut goes on with it: what it did to Slurm is in Slurm (the
-        drain reason is the record), what the power did is in the journal. A cut the journal holds
-        open is drained (again: draining a node holdover drained changes nothing) and its jobs told,
-        after what is left of the grace; its return resumes holdover's nodes, as for any cut."""
-        if self.last_word is None:
+        """A bridge (re)started goes on where it was: what it did to Slurm is in Slurm (the drain
+        reason is the record), what the power did and whom it told is in the journal.
+        - A cut open, nothing drained yet: drained and its jobs told after what is left of the grace.
+        - A cut open and drained: the jobs told are followed again until saved or timed out (not
+          told a second time: a signal is a checkpoint, and the first one's may be on its way).
+        - Power back, the resume not done: holdover's nodes are resumed after what is left of the
+          steady time (nothing happens when none of them is drained with holdover's reason)."""
+        if self.journal is None:
             return
         for c in self.s.circuits:
-            event = self.last_word(c)
-            lost = self._lost(c, event) if event is not None else None
-            if lost:
+            try:
+                power = self._last_power(c)
+                lost = self._lost(c, power) if power is not None else None
+                drained = self._journaled(c, SLURM_DRAINED, power.rx_ts) if lost else []
+                ended = self._journaled(c, (SLURM_JOB_SAVED, SLURM_JOB_UNSAVED), drained[0].rx_ts) if drained else []
+            except (sqlite3.Error, OSError) as e:  # the next word on its power is acted on as ever
+                log.error("circuit %s: the journal cannot be read (%s): its last cut is not picked up", c.name, e)
+                continue
+            if power is None or lost is None:
+                continue
+            waited = max(0.0, time.time() - power.rx_ts)
+            if not lost:
+                self._replace(c, self._back(c, waited))
+            elif not drained:
                 log.info("circuit %s: a cut still open at start (%s): handled from here", c.name, lost)
                 self._out[c.name] = lost
-                self._replace(c, self._cut(c, lost, event, waited=max(0.0, time.time() - event.rx_ts)))
+                self._replace(c, self._cut(c, lost, power, waited))
+            else:
+                self._out[c.name] = lost
+                self._follow_again(c, lost, drained[0], ended)
+
+    def _follow_again(self, c: SlurmCircuit, lost: str, drained: Event, ended: list[Event]) -> None:
+        """The jobs a drain before the restart told, less those whose end (saved, unsaved) is journaled."""
+        done = {e.data.get("job") for e in ended}
+        told = [j for j in drained.data.get("jobs") or [] if isinstance(j, dict) and j.get("job") not in done]
+        log.info("circuit %s: drained before the restart (%s); %d job(s) still followed", c.name, lost, len(told))
+        for j in told:
+            job = Job(str(j["job"]), str(j.get("name", "")), str(j.get("partition", "")), str(j["nodes"]), "")
+            self._start_follow(c, job, float(j.get("at", drained.rx_ts)))
+
+    def _last_power(self, c: SlurmCircuit) -> Event | None:
+        """The journal's newest word on a circuit's power: its sentinel's mains, or the host UPS."""
+        assert self.journal is not None
+        said: list[Event] = []
+        if c.sentinel is not None:
+            said += self.journal.events(sid=c.sentinel, kinds=(protocol.MAINS_LOST, protocol.MAINS_RESTORED), limit=1)
+        if c.ups:
+            said += self.journal.events(sid=protocol.NODE, kinds=(events.UPS_ON_BATTERY, events.UPS_ONLINE), limit=1)
+        return max(said, key=lambda e: e.rx_ts, default=None)
+
+    def _journaled(self, c: SlurmCircuit, kinds: str | tuple[str, ...], since: float) -> list[Event]:
+        """This bridge's own events of these kinds about the circuit since `since`, newest first."""
+        assert self.journal is not None
+        kinds = (kinds,) if isinstance(kinds, str) else kinds
+        found = self.journal.events(sid=protocol.NODE, kinds=kinds, since=since, limit=1000)
+        return [e for e in found if e.data.get("circuit") == c.name]
 
     def on_event(self, event: Event) -> None:
         for c in self.s.circuits:
@@ -105,7 +149,7 @@ class Circuits:
                 # Also when this bridge never saw the cut (restarted since, or down during it): the
                 # drain reason in Slurm is the record, and _back resumes only nodes holdover drained.
                 self._out.pop(c.name, None)
-                self._replace(c, self._back(c))
+                self._replace(c, self._back(c, 0.0))
 
     def node_state(self, node: str, body: dict[str, Any]) -> None:
         """A node's bridge said what its runs are doing (holdover/node/NODE/state)."""
@@ -193,12 +237,12 @@ class Circuits:
         for job in jobs:  # one try each: a job that ended meanwhile is refused, and told as such
             sig = self.s.signal_for(job.partition, job.name)
             ok, _ = await self._call(c, f"signalling job {job.id}", self.slurm.signal, job.id, sig)
+            at = time.time()
             entry = {"job": job.id, "name": job.name, "partition": job.partition, "nodes": job.nodes, "signal": sig}
-            (told if ok else failed).append(entry)
             if ok:
-                follow = asyncio.get_running_loop().create_task(self._follow(c, job, time.time()))
-                self._follows.add(follow)
-                follow.add_done_callback(self._follows.discard)
+                entry["at"] = round(at, 3)  # a restarted bridge follows it from here (start)
+                self._start_follow(c, job, at)
+            (told if ok else failed).append(entry)
         self.raise_event(
             SLURM_DRAINED,
             {
@@ -214,8 +258,8 @@ class Circuits:
             },
         )
 
-    async def _back(self, c: SlurmCircuit) -> None:
-        await asyncio.sleep(self.s.resume_after_s)
+    async def _back(self, c: SlurmCircuit, waited: float) -> None:
+        await asyncio.sleep(max(0.0, self.s.resume_after_s - waited))
         names = await self._retrying(c, f"expanding {c.nodes}", self.slurm.hostnames, c.nodes)
         states = await self._retrying(c, f"reading {c.nodes}", self.slurm.nodes, names)
         ours = [n for n in names if states.get(n, ("", ""))[1].startswith(REASON_PREFIX)]
@@ -229,6 +273,11 @@ class Circuits:
         )
 
     # --- a signalled job, until every node has saved it -----------------------------------------
+
+    def _start_follow(self, c: SlurmCircuit, job: Job, since: float) -> None:
+        follow = asyncio.get_running_loop().create_task(self._follow(c, job, since))
+        self._follows.add(follow)
+        follow.add_done_callback(self._follows.discard)
 
     def _saved(self, job: Job, nodes: list[str], since: float) -> tuple[int | None, list[str]]:
         """The step every node of the job has a verified checkpoint of, made since `since`, or
@@ -256,7 +305,8 @@ class Circuits:
         ok, nodes = await self._call(c, f"expanding job {job.id}'s nodes {job.nodes}", self.slurm.hostnames, job.nodes)
         if not ok:
             return
-        deadline = time.monotonic() + self.s.save_timeout_s
+        # From the signal, not from now: a bridge restarted since gives the job only what is left.
+        deadline = time.monotonic() + self.s.save_timeout_s - max(0.0, time.time() - since)
         step, missing = self._saved(job, nodes, since)
         while step is None and time.monotonic() < deadline:
             self._heard.clear()

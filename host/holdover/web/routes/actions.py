@@ -9,7 +9,7 @@ import asyncio
 import socket
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from holdover.bridge import commands, notify
@@ -18,6 +18,11 @@ from holdover.firmware import protocol
 from holdover.web.routes.deps import bridge, token
 
 router = APIRouter(prefix="/api/actions", tags=["actions"], dependencies=[Depends(token)])
+
+
+def _who(request: Request) -> str:
+    """Who pressed, for the journal: the token's holder, from where (one token, so no name)."""
+    return f"api (token, from {request.client.host if request.client else 'an unknown address'})"
 
 
 class RelayCommand(BaseModel):
@@ -37,16 +42,16 @@ async def test_alert(b: Bridge = Depends(bridge)) -> dict[str, Any]:
 
 
 @router.post("/checkpoint", status_code=202)
-async def checkpoint(b: Bridge = Depends(bridge)) -> dict[str, Any]:
+async def checkpoint(request: Request, b: Bridge = Depends(bridge)) -> dict[str, Any]:
     """An emergency checkpoint of every protected run, as if the UPS had said so."""
     if not b.settings.protect.enabled:
         raise HTTPException(409, "[protect] is disabled in the config: no emergency checkpoints")
-    event = b.node_event("checkpoint_requested", {"by": "api"})
+    event = b.node_event("checkpoint_requested", {"by": _who(request)})
     return {"event_id": event.id}
 
 
 @router.post("/relay/{sid}", status_code=202)
-async def relay(sid: str, cmd: RelayCommand, b: Bridge = Depends(bridge)) -> dict[str, Any]:
+async def relay(sid: str, cmd: RelayCommand, request: Request, b: Bridge = Depends(bridge)) -> dict[str, Any]:
     """A signed relay command to the sentinel; its answer comes back as an ack (see /api/sentinels)."""
     keys = b.settings.keys()  # Settings.keys(): the sentinels' keys by id, not a dict's
     if sid not in keys:
@@ -54,7 +59,7 @@ async def relay(sid: str, cmd: RelayCommand, b: Bridge = Depends(bridge)) -> dic
     if cmd.op == protocol.OP_PULSE and cmd.ms <= 0:
         raise HTTPException(422, "a pulse needs ms > 0")
     try:
-        cid = b.send_command(sid, cmd.op, cmd.ms)
+        cid = b.send_command(sid, cmd.op, cmd.ms, by=_who(request))
     except commands.CommandError as e:
         raise HTTPException(409, str(e)) from None
     return {"command_id": cid}
