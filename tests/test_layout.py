@@ -11,7 +11,7 @@ import holdover
 
 ROOT = Path(holdover.__file__).parent
 WINGS = ("bridge", "node", "board", "lab", "web", "train", "cluster")
-BASE = ("settings", "journal", "events", "proc", "errors", "files", "mqtt_session", "config_example")
+BASE = ("settings", "journal", "events", "proc", "errors", "files", "mqtt_session")
 # wing -> the holdover subpackages it may import (besides itself, the base and the firmware's protocol)
 ALLOWED = {
     "base": set(),
@@ -37,6 +37,8 @@ def _imports(path: Path) -> set[str]:
 
 def _wing(path: Path) -> str | None:
     rel = path.relative_to(ROOT)
+    if len(rel.parts) > 1 and rel.parts[0] in BASE:
+        return "base"  # settings/: a package, still the base
     if len(rel.parts) > 1:
         return rel.parts[0] if rel.parts[0] in WINGS else None
     return "base" if rel.stem in BASE else None  # cli/ may import anything

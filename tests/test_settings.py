@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from holdover import config_example, settings
+from holdover import settings
 from holdover.settings import ConfigError, Settings
+from holdover.settings import example as config_example
 from support import HOLDOVER
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -47,6 +47,28 @@ JOURNAL_RESTORED = "journal_restored"
 RELAY_COMMANDED = "relay_commanded"  # a signed relay command sent, with who asked
 FAILOVER = "failover"  # the node's traffic moved to a backup uplink
 FAILBACK = "failback"
+CHECKPOINT_REQUESTED = "checkpoint_requested"  # a person asked (Home Assistant's button, the API): every run saves now
+CHECKPOINT_STARTED = "checkpoint_started"
+CHECKPOINT_VERIFIED = "checkpoint_verified"
+CHECKPOINT_FAILED = "checkpoint_failed"
+CHECKPOINT_BAD = "checkpoint_bad"
+CHECKPOINT_LATE = "checkpoint_late"
+CHECKPOINT_HUNG = "checkpoint_hung"
+RESCUED = "rescued"  # no verified checkpoint, a gcore dump or /dev/shm copy instead
+LOST = "lost"  # nothing of the run could be saved
+DATA_CAP = "data_cap"
+BOND_SLAVE_DOWN = "bond_slave_down"
+BOND_SLAVE_UP = "bond_slave_up"
+LINK_ADDED = "link_added"
+LINK_REMOVED = "link_removed"
+DIAGNOSIS = "diagnosis"
+SLURM_DRAINED = "slurm_drained"  # cluster/circuits.py, from the bridge beside slurmctld
+SLURM_RESUMED = "slurm_resumed"
+SLURM_FAILED = "slurm_failed"
+SLURM_JOB_SAVED = "slurm_job_saved"
+SLURM_JOB_UNSAVED = "slurm_job_unsaved"
+PEER_LOST = "peer_lost"  # cluster/peers.py: another node of this node's jobs went silent
+PEER_BACK = "peer_back"
 
 
 @dataclass(frozen=True)
@@ -129,7 +151,7 @@ _KINDS = (
     ),
     Kind(SENTINEL_PATH_UP, INFO, "sentinel {sid}: {path} back", HOST, resolves=SENTINEL_PATH_DOWN),
     Kind(
-        "checkpoint_requested",
+        CHECKPOINT_REQUESTED,
         WARNING,
         "emergency checkpoint of every run requested by {by}",
         HOST,
@@ -137,20 +159,20 @@ _KINDS = (
         doing="every protected training run saves now",
     ),
     Kind(RELAY_COMMANDED, INFO, "relay at {sentinel}: {op} asked by {by}", HOST, alert=False),
-    Kind("checkpoint_started", WARNING, "emergency checkpoint of {target} started", HOST),
+    Kind(CHECKPOINT_STARTED, WARNING, "emergency checkpoint of {target} started", HOST),
     Kind(
-        "checkpoint_verified",
+        CHECKPOINT_VERIFIED,
         INFO,
         "emergency checkpoint of {target} verified ({mb} MB at {mb_s} MB/s)",
         HOST,
-        resolves="checkpoint_started",
+        resolves=CHECKPOINT_STARTED,
     ),
-    Kind("checkpoint_failed", CRITICAL, "emergency checkpoint of {target} failed", HOST),
-    Kind("checkpoint_bad", CRITICAL, "emergency checkpoint of {target} does not verify", HOST),
-    Kind("checkpoint_late", CRITICAL, "no checkpoint of {target} before the deadline", HOST),
-    Kind("checkpoint_hung", CRITICAL, "checkpoint of {target} stopped making progress", HOST),
-    Kind("rescued", CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
-    Kind("lost", CRITICAL, "{target}: nothing could be saved", HOST),
+    Kind(CHECKPOINT_FAILED, CRITICAL, "emergency checkpoint of {target} failed", HOST),
+    Kind(CHECKPOINT_BAD, CRITICAL, "emergency checkpoint of {target} does not verify", HOST),
+    Kind(CHECKPOINT_LATE, CRITICAL, "no checkpoint of {target} before the deadline", HOST),
+    Kind(CHECKPOINT_HUNG, CRITICAL, "checkpoint of {target} stopped making progress", HOST),
+    Kind(RESCUED, CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
+    Kind(LOST, CRITICAL, "{target}: nothing could be saved", HOST),
     Kind(
         UPS_ON_BATTERY,
         CRITICAL,
@@ -209,48 +231,48 @@ _KINDS = (
     Kind(FAILOVER, WARNING, "traffic moved to the backup uplink {uplink}", HOST, doing="{why}"),
     Kind(FAILBACK, INFO, "traffic back on the primary uplink {uplink}", HOST, resolves=FAILOVER),
     Kind(
-        "data_cap",
+        DATA_CAP,
         WARNING,
         "backup uplink {uplink} has used {share} of its data cap ({used_mb} of {cap_mb} MB)",
         HOST,
         doing="{action}",
     ),
     Kind(
-        "bond_slave_down",
+        BOND_SLAVE_DOWN,
         WARNING,
         "bond {bond}: slave {slave} is down, no redundancy left",
         HOST,
         doing="traffic still flows on {up}; the next link failure is an outage",
     ),
-    Kind("bond_slave_up", INFO, "bond {bond}: slave {slave} is back", HOST, resolves="bond_slave_down"),
-    Kind("link_added", INFO, "interface {dev} appeared", HOST, alert=False),
-    Kind("link_removed", INFO, "interface {dev} went away", HOST, alert=False),
-    Kind("diagnosis", WARNING, "outage diagnosis: {first}", HOST, doing="failed checks: {failed}"),
+    Kind(BOND_SLAVE_UP, INFO, "bond {bond}: slave {slave} is back", HOST, resolves=BOND_SLAVE_DOWN),
+    Kind(LINK_ADDED, INFO, "interface {dev} appeared", HOST, alert=False),
+    Kind(LINK_REMOVED, INFO, "interface {dev} went away", HOST, alert=False),
+    Kind(DIAGNOSIS, WARNING, "outage diagnosis: {first}", HOST, doing="failed checks: {failed}"),
     # --- Slurm (cluster/circuits.py), from the bridge beside slurmctld ---------------------------
     Kind(
-        "slurm_drained",
+        SLURM_DRAINED,
         WARNING,
         "circuit {circuit}: {count} Slurm node(s) drained ({nodes}), {jobs_told} job(s) told to checkpoint",
         HOST,
         doing="nothing new starts there on battery; {reason}",
     ),
     Kind(
-        "slurm_resumed",
+        SLURM_RESUMED,
         INFO,
         "circuit {circuit}: power steady again, {count} Slurm node(s) resumed",
         HOST,
-        resolves="slurm_drained",
+        resolves=SLURM_DRAINED,
     ),
-    Kind("slurm_failed", WARNING, "Slurm, circuit {circuit}: {what} failed: {error}", HOST),
+    Kind(SLURM_FAILED, WARNING, "Slurm, circuit {circuit}: {what} failed: {error}", HOST),
     Kind(
-        "slurm_job_saved",
+        SLURM_JOB_SAVED,
         INFO,
         "Slurm job {job} ({name}) saved at step {step} on all {count} node(s)",
         HOST,
         doing="{then}",
     ),
     Kind(
-        "slurm_job_unsaved",
+        SLURM_JOB_UNSAVED,
         CRITICAL,
         "Slurm job {job} ({name}) not saved on every node within {timeout_s} s",
         HOST,
@@ -258,14 +280,14 @@ _KINDS = (
     ),
     # --- the other nodes of this node's jobs (cluster/peers.py) ----------------------------------
     Kind(
-        "peer_lost",
+        PEER_LOST,
         WARNING,
         "node {peer} silent for {silent_s} s: the link between the nodes may be dead",
         HOST,
         starts_rescue=True,
         doing="every run here saves its last whole step, without waiting for the other ranks",
     ),
-    Kind("peer_back", INFO, "node {peer} answers again", HOST, resolves="peer_lost"),
+    Kind(PEER_BACK, INFO, "node {peer} answers again", HOST, resolves=PEER_LOST),
 )
 TABLE: dict[str, Kind] = {k.name: k for k in _KINDS}
 RESCUE_TRIGGERS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.starts_rescue)
@@ -292,7 +314,7 @@ def kind(name: str) -> Kind:
 
 
 class Reaction(Protocol):
-    """Something the bridge hands every accepted event to (hooks, the rescue policy, later alerts, failover)."""
+    """Something the bridge hands every accepted event to (hooks, the rescue, alerts, failover, Slurm...)."""
 
     def start(self) -> None:
         """Called once the bridge's loop runs, before the first event (e.g. to resume work left by a restart)."""

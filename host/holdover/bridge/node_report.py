@@ -123,7 +123,7 @@ class NodeReport:
         else:
             self._last_press = time.monotonic()
             # Only Home Assistant's login may publish here where broker-config wrote the ACL.
-            self.node_event("checkpoint_requested", {"by": f"home assistant ({self.press_topic})"})
+            self.node_event(events.CHECKPOINT_REQUESTED, {"by": f"home assistant ({self.press_topic})"})
             return None
         log.warning("checkpoint button on %s refused: %s", self.press_topic, why)
         return why

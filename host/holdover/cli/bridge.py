@@ -33,7 +33,7 @@ app = wing()
 @app.command("config-example", rich_help_panel=SET_UP)
 def config_example() -> None:
     """Print a bridge config with every setting, its default and what it is for (holdover.toml.example)."""
-    from holdover.config_example import example_toml
+    from holdover.settings.example import example_toml
 
     typer.echo(example_toml(), nl=False)
 

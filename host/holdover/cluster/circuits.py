@@ -31,11 +31,6 @@ from holdover.settings import Settings, SlurmCircuit
 
 log = logging.getLogger("holdover.cluster")
 
-SLURM_DRAINED = "slurm_drained"
-SLURM_RESUMED = "slurm_resumed"
-SLURM_FAILED = "slurm_failed"
-SLURM_JOB_SAVED = "slurm_job_saved"
-SLURM_JOB_UNSAVED = "slurm_job_unsaved"
 CLOCK_SLACK_S = 2.0  # the nodes' clocks against this one's, when judging "made since the signal"
 
 
@@ -89,8 +84,9 @@ class Circuits:
             try:
                 power = self._last_power(c)
                 lost = self._lost(c, power) if power is not None else None
-                drained = self._journaled(c, SLURM_DRAINED, power.rx_ts) if lost else []
-                ended = self._journaled(c, (SLURM_JOB_SAVED, SLURM_JOB_UNSAVED), drained[0].rx_ts) if drained else []
+                drained = self._journaled(c, events.SLURM_DRAINED, power.rx_ts) if lost else []
+                ends = (events.SLURM_JOB_SAVED, events.SLURM_JOB_UNSAVED)
+                ended = self._journaled(c, ends, drained[0].rx_ts) if drained else []
             except (sqlite3.Error, OSError) as e:  # the next word on its power is acted on as ever
                 log.error("circuit %s: the journal cannot be read (%s): its last cut is not picked up", c.name, e)
                 continue
@@ -205,7 +201,7 @@ class Circuits:
             log.error("circuit %s: %s: %s", c.name, what, e)
             if self._said.get(c.name) != str(e):
                 self._said[c.name] = str(e)
-                self.raise_event(SLURM_FAILED, {"circuit": c.name, "what": what, "error": str(e)})
+                self.raise_event(events.SLURM_FAILED, {"circuit": c.name, "what": what, "error": str(e)})
             return False, None
         self._said.pop(c.name, None)
         return True, found
@@ -244,7 +240,7 @@ class Circuits:
                 self._start_follow(c, job, at)
             (told if ok else failed).append(entry)
         self.raise_event(
-            SLURM_DRAINED,
+            events.SLURM_DRAINED,
             {
                 "circuit": c.name,
                 "nodes": c.nodes,
@@ -268,7 +264,7 @@ class Circuits:
             return  # nothing of holdover's to undo (a restart may have missed the cut)
         await self._retrying(c, f"resuming {','.join(ours)}", self.slurm.resume, ours)
         self.raise_event(
-            SLURM_RESUMED,
+            events.SLURM_RESUMED,
             {"circuit": c.name, "nodes": ",".join(ours), "count": len(ours), "kept": kept},
         )
 
@@ -315,7 +311,7 @@ class Circuits:
         data: dict[str, Any] = {"circuit": c.name, "job": job.id, "name": job.name, "nodes": job.nodes}
         if step is None:
             self.raise_event(
-                SLURM_JOB_UNSAVED, {**data, "missing": ", ".join(missing), "timeout_s": self.s.save_timeout_s}
+                events.SLURM_JOB_UNSAVED, {**data, "missing": ", ".join(missing), "timeout_s": self.s.save_timeout_s}
             )
             return
         then = {"run": "left running", "requeue": "requeued", "hold": "requeued and held"}[self.s.then]
@@ -325,4 +321,4 @@ class Circuits:
             ok, _ = await self._call(c, f"holding job {job.id}", self.slurm.hold, job.id)
         if not ok:
             then = f"not {then}: Slurm refused (see slurm_failed)"
-        self.raise_event(SLURM_JOB_SAVED, {**data, "step": step, "count": len(nodes), "then": then})
+        self.raise_event(events.SLURM_JOB_SAVED, {**data, "step": step, "count": len(nodes), "then": then})

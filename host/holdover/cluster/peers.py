@@ -25,12 +25,11 @@ from typing import Any
 
 from pyroute2 import netns as pr_netns
 
+from holdover import events
 from holdover.settings import PeerSettings
 
 log = logging.getLogger("holdover.cluster")
 
-PEER_LOST = "peer_lost"
-PEER_BACK = "peer_back"
 _ANSWERED = (errno.ECONNREFUSED, errno.ECONNRESET)
 
 
@@ -102,10 +101,10 @@ class PeerWatch:
             self.last_answer[peer] = now
             if peer in self.lost:
                 self.lost.discard(peer)
-                self.node_event(PEER_BACK, {"peer": peer})
+                self.node_event(events.PEER_BACK, {"peer": peer})
             return
         silent = now - self.last_answer[peer]
         if silent >= self.s.lost_after_s and peer not in self.lost:
             self.lost.add(peer)
             log.warning("peer %s silent for %.1f s: the link between the nodes may be dead", peer, silent)
-            self.node_event(PEER_LOST, {"peer": peer, "silent_s": round(silent, 1)})
+            self.node_event(events.PEER_LOST, {"peer": peer, "silent_s": round(silent, 1)})

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from holdover import proc
+from holdover import events, proc
 from holdover.lab.netlab import Namespaces, veth
 from holdover.train import registry
 
@@ -201,7 +201,7 @@ class NodeBridges:
         if not self.journal(node).exists():
             return []
         with Journal(self.journal(node), readonly=True) as j:
-            return [e.data for e in reversed(j.events(kinds=["checkpoint_verified"]))]
+            return [e.data for e in reversed(j.events(kinds=[events.CHECKPOINT_VERIFIED]))]
 
     def close(self) -> None:
         for b in self.others:

@@ -13,13 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from holdover import events
 from holdover.events import Polling
 from holdover.settings import BondingSettings
 
 log = logging.getLogger("holdover.bonding")
-
-SLAVE_DOWN = "bond_slave_down"
-SLAVE_UP = "bond_slave_up"
 
 
 def read(proc: Path) -> dict[str, dict[str, str]]:
@@ -67,6 +65,6 @@ class BondWatch(Polling):
                 if was_up == up or (was_up is None and up):
                     continue
                 left = [s for s, st in slaves.items() if st == "up"]
-                kind = SLAVE_UP if up else SLAVE_DOWN
+                kind = events.BOND_SLAVE_UP if up else events.BOND_SLAVE_DOWN
                 (log.info if up else log.warning)("%s: bond %s slave %s is %s", kind, bond, slave, status)
                 self.emit(kind, {"bond": bond, "slave": slave, "mii": status, "up": ", ".join(left) or "no slave"})

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from holdover import events
 from holdover.events import Polling
 from holdover.journal import Journal, Ledger
 from holdover.node.dongle import Dongle, DongleError
@@ -22,7 +23,6 @@ from holdover.settings import DongleSettings
 
 log = logging.getLogger("holdover.datacap")
 
-DATA_CAP = "data_cap"
 MB = 1_000_000
 
 
@@ -125,7 +125,7 @@ class DataCap(Polling):
             self.usage.set_alerted(month, self.uplink.dev, level)
             at_cap = level >= 1.0
             self.emit(
-                DATA_CAP,
+                events.DATA_CAP,
                 {
                     "uplink": self.uplink.name,
                     "share": f"{min(share, 9.99):.0%}",

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from holdover import proc
+from holdover import events, proc
 from holdover.node import probe
 from holdover.node.checks import FAIL, PASS, WARN, Check
 from holdover.node.dongle import Dongle, DongleError
@@ -193,7 +193,7 @@ class Diagnosis:
         findings = await diagnose(self.cfg, self.failover.ipr, self.failover.netlink)
         failed = first_failures(findings)
         self.emit(
-            "diagnosis",
+            events.DIAGNOSIS,
             {
                 "after": why,
                 "first": failed[0] if failed else "every check passed",

@@ -119,9 +119,6 @@ class Dongle:
     async def astatus(self) -> DongleStatus:
         return await self._off_loop(self.status, "status")
 
-    async def aconnect(self) -> None:
-        await self._off_loop(self.connect, "connect")
-
     async def asend_sms(self, numbers: list[str], text: str) -> None:
         await self._off_loop(lambda: self.send_sms(numbers, text), "SMS")
 

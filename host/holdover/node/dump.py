@@ -1,6 +1,6 @@
 """Last resorts for a run that cannot checkpoint in time: a core dump with gcore, a copy of its /dev/shm files.
 
-Measured here (see ../shared/research): gcore writes about 0.35 GB/s with ~10 s of fixed cost
+Measured on the development machine: gcore writes about 0.35 GB/s with ~10 s of fixed cost
 (attach, symbol load), and a core holds host memory only. A process with GPU memory mapped gets a
 core without the device state, which the record says; NVIDIA's cuda-checkpoint, where installed,
 first moves device memory into the host so the core has it.

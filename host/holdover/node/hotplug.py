@@ -17,13 +17,12 @@ from pyroute2.netlink import NETLINK_ROUTE
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
+from holdover import events
 from holdover.journal import Event
 from holdover.node.probe import in_netns
 
 log = logging.getLogger("holdover.hotplug")
 
-LINK_ADDED = "link_added"
-LINK_REMOVED = "link_removed"
 NEWLINK, DELLINK = 16, 17
 
 
@@ -81,10 +80,10 @@ class Hotplug:
                     kind = msg["header"]["type"]
                     if kind == NEWLINK and dev not in known:
                         known.add(dev)
-                        self._tell(LINK_ADDED, dev, True)
+                        self._tell(events.LINK_ADDED, dev, True)
                     elif kind == DELLINK and dev in known:
                         known.discard(dev)
-                        self._tell(LINK_REMOVED, dev, False)
+                        self._tell(events.LINK_REMOVED, dev, False)
         except Exception:  # a netlink failure ends hotplug, never the bridge
             log.exception("hotplug watch stopped")
         finally:

@@ -256,7 +256,7 @@ class Rescuer:
             if final in done:
                 return final  # settled before a bridge restart
         if not past:
-            self._raise("checkpoint_started", t, deadline_in_s=round(self._deadline[rid] - time.time()))
+            self._raise(events.CHECKPOINT_STARTED, t, deadline_in_s=round(self._deadline[rid] - time.time()))
         reserve = dump.estimate_gcore_seconds(t.pid, self.s.gcore_rate_mb_s) if self.s.gcore else 0.0
         outcome = await self._ask(rid, t, past, reserve)
         if outcome is not None:
@@ -286,7 +286,7 @@ class Rescuer:
                     info.get("seconds") or 0,
                 )
                 self._raise(
-                    "checkpoint_verified",
+                    events.CHECKPOINT_VERIFIED,
                     t,
                     dir=str(directory),
                     mb=round(manifest.nbytes / 1e6, 1),
@@ -296,7 +296,7 @@ class Rescuer:
                 return "verified"
             except ckpt.CheckpointError as e:
                 self.ledger.step(rid, t.key, t.pid, "verify_failed", error=str(e))
-                self._raise("checkpoint_bad", t, f"{t.name}: the emergency checkpoint does not verify: {e}")
+                self._raise(events.CHECKPOINT_BAD, t, f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
 
     async def _ask(
@@ -345,12 +345,12 @@ class Rescuer:
                 quiet = self.s.hang_after - (time.monotonic() - last_progress)
                 if remaining <= 0:
                     self.ledger.step(rid, t.key, t.pid, "too_late", state=state)
-                    self._raise("checkpoint_late", t, f"{t.name}: no checkpoint before the deadline ({state})")
+                    self._raise(events.CHECKPOINT_LATE, t, f"{t.name}: no checkpoint before the deadline ({state})")
                     return None
                 if quiet <= 0:
                     self.ledger.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
                     self._raise(
-                        "checkpoint_hung",
+                        events.CHECKPOINT_HUNG,
                         t,
                         f"{t.name}: save {state}, no progress for {self.s.hang_after:.0f}s",
                     )
@@ -367,7 +367,7 @@ class Rescuer:
                 if state == "done":
                     return Path(msg["dir"]), msg
                 if state == "failed":
-                    self._raise("checkpoint_failed", t, f"{t.name}: checkpoint failed: {msg.get('error')}")
+                    self._raise(events.CHECKPOINT_FAILED, t, f"{t.name}: checkpoint failed: {msg.get('error')}")
                     return None
                 if state == "unknown":
                     raise ConnectionError("the training process does not know the request")
@@ -391,7 +391,7 @@ class Rescuer:
                 return Path(reg.last_save.directory), info
             await asyncio.sleep(0.2)
         self.ledger.step(rid, t.key, t.pid, "too_late", state="signalled")
-        self._raise("checkpoint_late", t, f"{t.name}: no checkpoint after the signal before the deadline")
+        self._raise(events.CHECKPOINT_LATE, t, f"{t.name}: no checkpoint after the signal before the deadline")
         return None
 
     async def _last_resort(self, rid: int, t: Target) -> str:
@@ -409,10 +409,10 @@ class Rescuer:
             ok |= bool(r.detail.get("files"))
         if ok:
             self.ledger.step(rid, t.key, t.pid, "rescued", dir=str(out))
-            self._raise("rescued", t, f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
+            self._raise(events.RESCUED, t, f"{t.name}: no verified checkpoint; core/shm copy saved in {out}")
             return "rescued"
         self.ledger.step(rid, t.key, t.pid, "lost", error="no checkpoint and no dump")
-        self._raise("lost", t, f"{t.name}: nothing could be saved")
+        self._raise(events.LOST, t, f"{t.name}: nothing could be saved")
         return "lost"
 
     async def _final(self, rid: int) -> None:

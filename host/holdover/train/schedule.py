@@ -1,8 +1,8 @@
 """When to take periodic checkpoints, and the checks around a resume (no torch import here).
 
-AdaptiveInterval follows the source article's advice (save more often while the loss moves, less
-often while it is flat) inside CheckFreq's bound: the time spent checkpointing never exceeds a
-configured share of training time, whatever the loss does. GradNormHistogram keeps the recent
+AdaptiveInterval saves more often while the loss moves and less often while it is flat, inside
+CheckFreq's bound: the time spent checkpointing never exceeds a configured share of training
+time, whatever the loss does. GradNormHistogram keeps the recent
 gradient norms so the first steps after a resume can be compared with the run before the outage.
 """
 

@@ -131,7 +131,7 @@ def folded(
     return {k: n for k in kinds if (n := journal.count([k], sid, lo, before))}
 
 
-SLURM_KINDS = ("slurm_drained", "slurm_resumed", "slurm_job_saved", "slurm_job_unsaved")
+SLURM_KINDS = (events.SLURM_DRAINED, events.SLURM_RESUMED, events.SLURM_JOB_SAVED, events.SLURM_JOB_UNSAVED)
 
 
 def slurm(journal: Journal, cfg: Settings) -> list[dict[str, Any]]:
@@ -143,17 +143,18 @@ def slurm(journal: Journal, cfg: Settings) -> list[dict[str, Any]]:
     out = []
     for c in cfg.slurm.circuits:
         mine = [e for e in evs if e.data.get("circuit") == c.name]
-        drains = [i for i, e in enumerate(mine) if e.kind == "slurm_drained"]
+        drains = [i for i, e in enumerate(mine) if e.kind == events.SLURM_DRAINED]
         circuit: dict[str, Any] = {"circuit": c.name, "nodes": c.nodes, "drained": False, "jobs": []}
         if drains:
             last = mine[drains[-1]]
             after = mine[drains[-1] + 1 :]
-            circuit["drained"] = not any(e.kind == "slurm_resumed" for e in after)
+            circuit["drained"] = not any(e.kind == events.SLURM_RESUMED for e in after)
             circuit.update(since=last.rx_ts, reason=last.data.get("reason"), age_s=_age(last.rx_ts))
             for j in last.data.get("jobs") or []:
-                fate = next((e for e in after if e.kind != "slurm_resumed" and e.data.get("job") == j["job"]), None)
+                ends = (e for e in after if e.kind != events.SLURM_RESUMED and e.data.get("job") == j["job"])
+                fate = next(ends, None)
                 job = {**j, "state": "told to checkpoint"}
-                if fate is not None and fate.kind == "slurm_job_saved":
+                if fate is not None and fate.kind == events.SLURM_JOB_SAVED:
                     job.update(state=f"saved at step {fate.data.get('step')}, {fate.data.get('then')}")
                 elif fate is not None:
                     job.update(state=f"not saved: {fate.data.get('missing')}")

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from holdover import events
 from holdover.bridge import commands, notify
 from holdover.bridge.service import Bridge
 from holdover.firmware import protocol
@@ -46,7 +47,7 @@ async def checkpoint(request: Request, b: Bridge = Depends(bridge)) -> dict[str,
     """An emergency checkpoint of every protected run, as if the UPS had said so."""
     if not b.settings.protect.enabled:
         raise HTTPException(409, "[protect] is disabled in the config: no emergency checkpoints")
-    event = b.node_event("checkpoint_requested", {"by": _who(request)})
+    event = b.node_event(events.CHECKPOINT_REQUESTED, {"by": _who(request)})
     return {"event_id": event.id}
 
 

@@ -91,7 +91,7 @@ def example_toml() -> str:
     (`holdover config-example` prints it; a test keeps the file in the repository equal to it)."""
     out = [
         "# holdover.toml: the bridge's configuration. Every setting, with its default and what it is for.",
-        "# Generated from holdover/settings.py (`holdover config-example`); keys left out take these defaults.",
+        "# Generated from holdover/settings/ (`holdover config-example`); keys left out take these defaults.",
         f"# Any setting can be overridden from the environment: {ENV_PREFIX}SECTION__KEY, e.g.",
         f"# {ENV_PREFIX}MQTT__HOST=10.0.0.2 or {ENV_PREFIX}WEB__TOKEN_FILE=/etc/holdover/web.token.",
     ]
