@@ -14,6 +14,7 @@ import gc
 import os
 import sys
 
+import commands
 import mains
 import mqtt
 import outbox
@@ -47,10 +48,12 @@ class Sentinel:
         self.raised = {}
         self.heap_hwm = 0
         self._disco_next = None  # the next Home Assistant discovery message to send, or None
-        self.cmd_seq = 0  # the highest command seq accepted in this boot
-        self.cmd_refused = 0
         window = min(8, cfg["mqtt"]["queue_len"] // 2)  # events in RAM at once (the rest wait on flash)
         self.outbox = outbox.Outbox(board, board.outbox_path, OUTBOX_CAP, self._send_event, window)
+        self.commands = commands.CommandGate(
+            board, self.signer, self.sid, self.boot, self.outbox.receipt, self._run, self.relay_on, self._answer,
+            self.log,
+        )  # fmt: skip
         st = protocol.topic(self.sid, protocol.STATUS)
         self.mqtt = mqtt.Client(
             board,
@@ -201,7 +204,7 @@ class Sentinel:
                 "outbox_bytes": self.outbox.pending(),
                 "outbox_refused": self.outbox.refused,
                 "outbox_resent": self.outbox.resent,
-                "cmd_refused": self.cmd_refused,
+                "cmd_refused": self.commands.refused,
                 "mem_free": gc.mem_free(),
                 "relay": self.relay.on if self.relay else None,
                 "wlan_joins": self.wifi.joins,
@@ -232,60 +235,13 @@ class Sentinel:
         self.command(payload, retained, "mqtt")
 
     def command(self, payload, retained, via):
-        """Verify and run one relay command; every verified command is answered with an ack."""
-        try:
-            msg = protocol.open_envelope(payload, self.signer, self.sid)
-            if msg["kind"] == protocol.EVACK_KIND and not retained:
-                # A receipt is idempotent (it can only release an event the bridge has), so
-                # neither its boot nor its sequence needs to be fresh.
-                for boot, seq in protocol.check_evack(msg["data"]):
-                    self.outbox.receipt(boot, seq)
-                return
-            if msg["kind"] != protocol.CMD_KIND:
-                raise protocol.ProtocolError(protocol.SCHEMA, "kind %r is not a command" % msg["kind"])
-        except protocol.ProtocolError as e:
-            # Unverified: nothing in it can be trusted, not even an id to answer to.
-            self.cmd_refused += 1
-            self.log("cmd", "refused from", via + ":", str(e))
-            return
-        data = msg["data"]
-        cid = data.get("id") if isinstance(data.get("id"), str) else ""
-        op = data.get("op")
-        reason = detail = None
-        if retained:
-            # A retained command would run again on every reconnect.
-            reason, detail = protocol.RETAINED, "commands must not be retained"
-        elif msg["boot"] != self.boot:
-            reason, detail = protocol.STALE_BOOT, "for boot %s, this is %s" % (msg["boot"], self.boot)
-        elif msg["seq"] <= self.cmd_seq:
-            reason, detail = protocol.REPLAYED, "seq %d <= %d" % (msg["seq"], self.cmd_seq)
-        elif self._expired(msg["ts"]):
-            reason = protocol.EXPIRED
-            detail = "sent at %s, the board's clock says %d" % (msg["ts"], self.board.now_unix())
-        else:
-            self.cmd_seq = msg["seq"]  # spent even if refused below: a replay of it stays refused
-            try:
-                op, cid, ms = protocol.check_command(data)
-                reason = self._run(op, ms)
-            except protocol.ProtocolError as e:
-                reason, detail = e.reason, e.detail
-        if reason:
-            self.cmd_refused += 1
-            self.log("cmd", "refused from", via + ":", reason, detail or "")
-        else:
-            self.log("cmd", op, "from", via)
-        ack = {"id": cid, "op": op, "cmd_seq": msg["seq"], "ok": reason is None, "relay": self.relay_on()}
-        if reason:
-            ack["reason"] = reason
-            ack["detail"] = detail or reason
+        """A receipt or a relay command, from MQTT or the serial port (commands.py checks it)."""
+        self.commands.take(payload, retained, via)
+
+    def _answer(self, ack):
         payload = self._seal(protocol.ACK_KIND, ack)
         self.mqtt.publish(protocol.topic(self.sid, protocol.CMD_ACK), payload, qos=1)
         self.board.serial_out(payload)
-
-    def _expired(self, ts):
-        # Only once NTP has set the clock; before that, boot and sequence are the whole guard.
-        now = self.board.now_unix()
-        return now is not None and (ts is None or abs(now - ts) > protocol.CMD_TTL_S)
 
     def relay_on(self):
         return self.relay.on if self.relay else None

@@ -17,7 +17,7 @@ ALLOWED = {
     "base": set(),
     "bridge": {"node", "train", "cluster"},
     "node": {"train"},
-    "cluster": set(),
+    "cluster": {"node"},  # node/netlink.py: the one way into a namespace
     "board": set(),
     "lab": {"bridge", "node", "board", "web", "train", "cluster"},
     "web": {"bridge", "node"},
@@ -88,7 +88,7 @@ def _ledger_module(tree: ast.Module) -> bool:
 @pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_only_the_journal_and_the_ledgers_speak_sql(path: Path) -> None:
     tree = ast.parse(path.read_text())
-    if path.relative_to(ROOT).as_posix() == "journal.py" or _ledger_module(tree):
+    if path.relative_to(ROOT).parts[0] == "journal" or _ledger_module(tree):
         return
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):

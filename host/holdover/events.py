@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from holdover.firmware import protocol
 from holdover.journal import ROUTINE_KINDS as journal_routine
@@ -326,6 +326,18 @@ class Reaction(Protocol):
         """Finish or cancel what is in flight; called when the bridge stops."""
 
 
+async def cancel(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel each task and wait until it has ended: a reaction's close(). The task's own
+    CancelledError is its end, not an error."""
+    for t in tasks:
+        if t is not None:
+            t.cancel()
+    for t in tasks:
+        if t is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
 async def woken(event: asyncio.Event, timeout: float) -> bool:
     """Wait for `event` or `timeout` seconds: whether it was set. Not asyncio.wait_for, which in
     Python 3.11 can swallow a cancel that lands as the event is set (the bridge's stop then waited
@@ -352,10 +364,7 @@ class Polling(abc.ABC):
         pass
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel(self._task)
 
     @abc.abstractmethod
     async def look(self) -> None:

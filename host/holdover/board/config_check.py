@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from holdover.firmware import keycheck, pins, protocol
+from holdover.firmware import jsoncheck, keycheck, pins, protocol
 
 # The firmware imports its siblings by their bare names, as MicroPython's flat path has them.
 sys.modules.setdefault("protocol", protocol)
 sys.modules.setdefault("pins", pins)
 sys.modules.setdefault("keycheck", keycheck)
+sys.modules.setdefault("jsoncheck", jsoncheck)
 from holdover.firmware import config as board_config  # noqa: E402
 
 
@@ -27,7 +28,7 @@ def _reject_constant(name: str) -> Any:
 
 def check_text(text: str) -> list[str]:
     """Every problem with a board config, each naming its key or its line and column; [] if valid."""
-    bad = board_config.syntax_error(text)
+    bad = jsoncheck.syntax_error(text)
     if bad:
         return [f"not valid JSON: {bad}"]
     try:

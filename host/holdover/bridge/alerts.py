@@ -167,10 +167,7 @@ class Alerts:
         self._deliver(to, severity, event.kind, event.sid, title, body)
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await events.cancel(*self._tasks)
 
     # --- out --------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from holdover import proc
 from holdover.errors import HoldoverError
-from holdover.files import kept_secret, write_private
+from holdover.files import kept_secret, write_atomic, write_private
 from holdover.firmware import protocol
 from holdover.settings import NODE_NAME
 
@@ -219,6 +219,6 @@ def write(
     os.chmod(w.passwd, 0o600)
     _own(w.passwd, owner)
     _private(w.acl, acl(sids, ha=ha, node=node, nodes=tuple(others)), owner)
-    w.conf.write_text(conf(directory, listen, port, persistence))
-    w.fragment.write_text(fragment(directory, listen, port))
+    write_atomic(w.conf, conf(directory, listen, port, persistence))  # a running broker may re-read it
+    write_atomic(w.fragment, fragment(directory, listen, port))
     return w

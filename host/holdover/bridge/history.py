@@ -73,7 +73,6 @@ class _Series(Ledger):
 class History(_Series):
     """Each sentinel's own cell and its probes, from its states."""
 
-    # `samples` had only battery_v and rtt_ms before journal schema 3 (which adds the rest to it).
     DDL = """
     CREATE TABLE IF NOT EXISTS samples (
         sid TEXT NOT NULL,
@@ -85,6 +84,8 @@ class History(_Series):
     );
     CREATE INDEX IF NOT EXISTS samples_by_time ON samples (sid, ts);
     """
+    # A journal before schema 3 has `samples` with battery_v and rtt_ms only.
+    ADDED = (("samples", "battery_pct", "REAL"), ("samples", "loss_pct", "REAL"))
     TABLE, KEY = "samples", "sid"
 
     def record(self, sid: str, data: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ which saves and harms nothing, and even that is rate-limited and journaled with 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -95,10 +94,7 @@ class NodeReport:
             self._wake.set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await events.cancel(self._task)
 
     def connected(self) -> None:
         """On every connect to the broker: online, the discovery, and the state at once (the last

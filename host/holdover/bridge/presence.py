@@ -15,7 +15,6 @@ restart a port counts once it carries a line again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -138,7 +137,4 @@ class Presence:
                     log.exception("presence of %s not settled", sid)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await events.cancel(self._task)

@@ -16,7 +16,6 @@ too (slurm_failed) and never stops the bridge: every command runs on a thread, u
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sqlite3
 import time
@@ -153,10 +152,7 @@ class Circuits:
         self._heard.set()
 
     async def close(self) -> None:
-        for t in [*self._follows, *self._pending.values()]:  # a cancelled one takes itself out
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await events.cancel(*self._follows, *self._pending.values())  # a cancelled one takes itself out
 
     # --- what happens ----------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ so any port will do; the node's sshd (22) is the usual one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import socket
@@ -23,9 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pyroute2 import netns as pr_netns
-
 from holdover import events
+from holdover.node.netlink import in_netns
 from holdover.settings import PeerSettings
 
 log = logging.getLogger("holdover.cluster")
@@ -35,13 +33,8 @@ _ANSWERED = (errno.ECONNREFUSED, errno.ECONNRESET)
 
 async def answers(host: str, port: int, timeout: float, netns: str | None = None) -> bool:
     """Whether the peer's kernel answered a TCP connect within `timeout` (accepted or refused)."""
-    if netns is not None:  # the socket belongs to the namespace it is made in (tests: a node's)
-        pr_netns.pushns(netns)
-    try:
+    with in_netns(netns):  # the socket belongs to the namespace it is made in (tests: a node's)
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    finally:
-        if netns is not None:
-            pr_netns.popns()
     s.setblocking(False)
     try:
         await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, (host, port)), timeout)
@@ -70,10 +63,7 @@ class PeerWatch:
         pass  # it raises events; it acts on none
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await events.cancel(self._task)
 
     def view(self) -> dict[str, Any]:
         now = time.monotonic()

@@ -96,9 +96,7 @@ class TorchrunJob:
             # gloo would take the address the hostname resolves to: loopback, inside a namespace
             env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0"}
             with self.errs[n].open("w") as err:
-                p = subprocess.Popen(
-                    net.argv(n, argv), env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
-                )
+                p = proc.spawn(net.argv(n, argv), env=env, stdout=subprocess.PIPE, stderr=err, text=True)
             self.procs.append(p)
             self.readers.append(threading.Thread(target=self._read, args=(n, p), daemon=True))
             self.readers[-1].start()
@@ -128,7 +126,7 @@ class TorchrunJob:
         killing the agents alone would leave the ranks running."""
         for p in self.procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                proc.signal_group(p.pid, signal.SIGKILL)
             p.wait(30)
         for n in self.nodes:
             for reg in registry.read_registrations(self.tmp / f"node{n}" / "reg")[0]:

@@ -18,6 +18,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from rich.console import Console
 
+from holdover import proc
 from holdover.board.emulator import EmulatorError
 from holdover.firmware import protocol
 from holdover.journal import Journal
@@ -81,7 +82,7 @@ def _api(port: int, path: str) -> Any:
 def _trainee(tmp: Path) -> subprocess.Popen[str]:
     """The stand-in training run, registered in the demo's own registry."""
     cmd = [sys.executable, "-m", "holdover.lab.trainee", "--ckpt", str(tmp / "ckpt"), "--registry", str(tmp / "reg")]
-    run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    run = proc.spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 20
     while not registry.read_registrations(tmp / "reg")[0]:
         if run.poll() is not None or time.monotonic() > deadline:
@@ -209,8 +210,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             return 1
         finally:
             if run is not None:
-                run.terminate()
-                run.wait(10)
+                proc.stop(run, grace=10)
             for target in targets:
                 target.stop()
         assert rig.bridge is not None

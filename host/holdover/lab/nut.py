@@ -13,17 +13,16 @@ file atomically, so upsd never serves half of one.
 
 from __future__ import annotations
 
-import contextlib
 import grp
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from holdover import proc
 from holdover.bridge.nut_serve import write_dev
 from holdover.lab.broker import free_port
 from holdover.node.nut_client import NutClient, NutError
@@ -125,7 +124,7 @@ class NutServer:
 
     def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         out = (self.dir / f"{log}.log").open("ab")
-        return subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return proc.spawn(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT)
 
     def stop_upsd(self) -> None:
         """upsd gone (the drivers stay): what a client sees when the NUT server dies."""
@@ -133,13 +132,8 @@ class NutServer:
 
     def _kill(self, name: str) -> None:
         p = self.procs.pop(name, None)
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        if p is not None:
+            proc.stop(p, grace=5)
 
     def stop(self) -> None:
         for name in list(self.procs):
@@ -190,12 +184,8 @@ class Upsmon:
         # drivers and upsd), and a second one refuses to run ("a previous upsmon instance is
         # already running"): each gets a /run/nut of its own, a machine of its own as far as it knows.
         run = f"mount --bind {w} /run/nut && exec {NUT_BIN / 'upsmon'} -F"
-        self.proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", run],
-            env=env,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
+        self.proc = proc.spawn(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", run], env=env, stdout=log, stderr=log
         )
         return self
 
@@ -216,15 +206,8 @@ class Upsmon:
     def _end(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        # upsmon is two processes (a privileged parent, an unprivileged child): end both.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        # upsmon is two processes (a privileged parent, an unprivileged child): its group ends both.
+        proc.stop(self.proc, grace=10)
 
     def __enter__(self) -> Upsmon:
         return self.start()

@@ -18,7 +18,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -75,16 +74,7 @@ class SlurmLab:
 
     def stop(self, name: str) -> None:
         """Stop one daemon (slurmctld, slurmd-n1, munged): its process group, TERM then KILL."""
-        p = self._procs.pop(name)
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(5)
+        proc.stop(self._procs.pop(name), grace=5)
 
     def restart(self, name: str) -> None:
         """Start a stopped daemon again as it first ran (its state is in its own files)."""
@@ -143,11 +133,10 @@ class SlurmLab:
             f"--log-file={d / 'munged.log'}",
             f"--seed-file={d / 'munged.seed'}",
         ]
-        self._procs["munged"] = subprocess.Popen(
+        self._procs["munged"] = proc.spawn(
             ["runuser", "-u", "munge", "--", *argv],
             stdout=subprocess.DEVNULL,
             stderr=open(self.dir / "munged.err", "wb"),  # noqa: SIM115 - the child keeps it
-            start_new_session=True,
         )
         deadline = time.monotonic() + 10
         while not self.socket.exists():
@@ -204,12 +193,11 @@ PartitionName=gpu Nodes={names} Default=YES MaxTime=INFINITE State=UP
         self._argv[name] = (where, argv)
         host = CTL[0] if where == "ctl" else where
         script = f"hostname {host} && exec {' '.join(argv)}"
-        self._procs[name] = subprocess.Popen(
+        self._procs[name] = proc.spawn(
             [*self._enter(where), "unshare", "--uts", "--", "sh", "-c", script],
             env={**os.environ, "SLURM_CONF": str(self.conf)},
             stdout=subprocess.DEVNULL,
             stderr=open(self.dir / f"{name}.err", "wb"),  # noqa: SIM115 - the child keeps it
-            start_new_session=True,
         )
 
     # --- using it -------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ sysctl is changed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import socket
 import struct
@@ -23,6 +22,7 @@ from holdover import events, proc
 from holdover.node import probe
 from holdover.node.checks import FAIL, PASS, WARN, Check
 from holdover.node.dongle import Dongle, DongleError
+from holdover.node.netlink import in_netns
 from holdover.settings import Settings
 
 
@@ -52,7 +52,7 @@ def _dns_query(name: str) -> tuple[bytes, int]:
 async def dns(server: str, name: str, timeout: float, netns: str | None) -> tuple[str, str]:
     """Ask `server` for NAME's A record over UDP: (status, what happened)."""
     query, ident = _dns_query(name)
-    with probe.in_netns(netns):
+    with in_netns(netns):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setblocking(False)
     loop = asyncio.get_running_loop()
@@ -203,7 +203,4 @@ class Diagnosis:
         )
 
     async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await events.cancel(*self._tasks)

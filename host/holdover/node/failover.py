@@ -118,10 +118,7 @@ class Failover:
             self._nudge.set()  # evidence: probe now, decide on our own figures
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await events.cancel(self._task)
         if await self.netlink(routes.ours, self.ipr):
             await self.netlink(routes.switch_back, self.ipr)
             log.info("stopping: routes back to the system's own")

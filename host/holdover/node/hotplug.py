@@ -19,7 +19,7 @@ from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from holdover import events
 from holdover.journal import Event
-from holdover.node.probe import in_netns
+from holdover.node.netlink import in_netns
 
 log = logging.getLogger("holdover.hotplug")
 

@@ -1,5 +1,6 @@
 """The one way holdover holds pyroute2: a handle on a routing table (this machine's, or a named
-namespace's for tests) and the one thread that uses it.
+namespace's for tests), the one thread that uses it, and `in_netns`, the namespace a socket is
+made in (a probe's, a peer check's, the hotplug watch's).
 
 pyroute2 gives each thread that uses a namespace's handle a socket of its own, made by a forked
 child (see disable_mp_signal below). One thread for every call, its socket made when the
@@ -10,17 +11,32 @@ worker thread at any time; and pyroute2's blocking calls stay off the event loop
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyroute2.config
+from pyroute2 import netns as pr_netns
 
 # pyroute2 makes a namespace's sockets in a forked child and then SIGTERMs it. By default the
 # child keeps the parent's handlers, and asyncio's handler writes the signal to a wakeup pipe the
 # child shares with the bridge: the bridge took the child's SIGTERM for its own and stopped, a
 # second after start, in CI. With this set, the child restores the default action first.
 pyroute2.config.disable_mp_signal = True
+
+
+@contextlib.contextmanager
+def in_netns(name: str | None) -> Iterator[None]:
+    """Sockets made inside belong to namespace `name` (this thread switches only while inside)."""
+    if name is None:
+        yield
+        return
+    pr_netns.pushns(name)
+    try:
+        yield
+    finally:
+        pr_netns.popns()
 
 
 def open_handle(netns: str | None) -> Any:

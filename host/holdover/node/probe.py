@@ -10,28 +10,13 @@ whatever the routing table says.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
 
-from pyroute2 import netns as pr_netns
-
-
-@contextlib.contextmanager
-def in_netns(name: str | None) -> Iterator[None]:
-    """Sockets made inside belong to namespace `name` (this thread switches only while inside)."""
-    if name is None:
-        yield
-        return
-    pr_netns.pushns(name)
-    try:
-        yield
-    finally:
-        pr_netns.popns()
+from holdover.node.netlink import in_netns
 
 
 async def tcp(dev: str, host: str, port: int, timeout: float, netns: str | None = None) -> float | None:

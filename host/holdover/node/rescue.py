@@ -24,7 +24,6 @@ so a restart never makes a run save twice, and a signal already sent is never se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -213,10 +212,7 @@ class Rescuer:
     async def close(self) -> None:
         if self._grace:
             self._grace.cancel()
-        for t in list(self._active.values()):
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await events.cancel(*self._active.values())
 
     # --- one rescue -----------------------------------------------------------------------------------
 

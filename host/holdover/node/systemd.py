@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from holdover import proc
+from holdover.files import write_atomic
 from holdover.node import launch
 from holdover.settings import Settings
 
@@ -104,7 +105,7 @@ def install(cfg: Settings, config: Path, unit_dir: Path) -> tuple[Path, str]:
     text = unit([launch.holdover_command(), "bridge", "--config", str(config)], writable_paths(cfg), config)
     unit_dir.mkdir(parents=True, exist_ok=True)
     path = unit_dir / UNIT_NAME
-    path.write_text(text)
+    write_atomic(path, text)  # systemd may read it at any moment (a daemon-reload elsewhere)
     return path, text
 
 

@@ -23,105 +23,35 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
-import os
 import re
 import sqlite3
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from holdover.errors import USAGE, HoldoverError
+from holdover.journal.ledger import Ledger
+from holdover.journal.schema import MIGRATIONS, ROUTINE_KINDS, SCHEMA, VERSION, Event, event, statements
+from holdover.journal.unwritable import HELD_MAX, Held, cause, unusable
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY,
-    rx_ts REAL NOT NULL,
-    source TEXT NOT NULL,
-    sid TEXT NOT NULL,
-    boot TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    ms INTEGER NOT NULL,
-    ts INTEGER,
-    data TEXT NOT NULL,
-    UNIQUE (sid, boot, seq)
-);
-CREATE TABLE IF NOT EXISTS rejections (
-    id INTEGER PRIMARY KEY,
-    rx_ts REAL NOT NULL,
-    source TEXT NOT NULL,
-    topic TEXT,
-    reason TEXT NOT NULL,
-    detail TEXT NOT NULL,
-    payload BLOB
-);
-CREATE TABLE IF NOT EXISTS hook_runs (
-    id INTEGER PRIMARY KEY,
-    event_id INTEGER REFERENCES events(id),
-    hook TEXT NOT NULL,
-    started REAL NOT NULL,
-    ended REAL NOT NULL,
-    outcome TEXT NOT NULL,
-    returncode INTEGER,
-    output TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS pruned (
-    sid TEXT NOT NULL,
-    boot TEXT NOT NULL,
-    below_seq INTEGER NOT NULL,
-    PRIMARY KEY (sid, boot)
-);
-CREATE TABLE IF NOT EXISTS sentinels (
-    sid TEXT PRIMARY KEY,
-    status TEXT,
-    status_ts REAL,
-    boot TEXT,
-    seq INTEGER,
-    state_ts INTEGER,
-    state TEXT,
-    seen_ts REAL
-);
-"""
-VERSION = 3
-# Kept only for [journal] keep_routine_days (events.ROUTINE names them for people; the journal
-# cannot import events, which imports it).
-ROUTINE_KINDS = ("heartbeat",)
-
-
-def _add_seen_ts(db: sqlite3.Connection) -> None:
-    if not any(r[1] == "seen_ts" for r in db.execute("PRAGMA table_info(sentinels)")):
-        db.execute("ALTER TABLE sentinels ADD COLUMN seen_ts REAL")
-
-
-def _widen_samples(db: sqlite3.Connection) -> None:
-    # The history ledger's table (bridge/history.py), if this journal has one: a ledger's DDL
-    # creates what is missing but cannot add a column to what is there.
-    have = {r[1] for r in db.execute("PRAGMA table_info(samples)")}
-    for column in ("battery_pct", "loss_pct"):
-        if have and column not in have:
-            db.execute(f"ALTER TABLE samples ADD COLUMN {column} REAL")
-
-
-# (the version it brings a journal to, what it does). Version 1: the first numbered schema, the
-# journals of b674fac and before (user_version 0) plus the column some of them still lack.
-# Version 2: the `pruned` table (SCHEMA creates it; nothing else changes). Version 3: the
-# history's samples gain the sentinel's battery percent and its probes' loss.
-MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
-    (1, _add_seen_ts),
-    (2, lambda _db: None),
-    (3, _widen_samples),
+__all__ = [
+    "HELD_MAX",
+    "HOST_BOOT",
+    "HOST_SOURCE",
+    "MIGRATIONS",
+    "ROUTINE_KINDS",
+    "SCHEMA",
+    "VERSION",
+    "Event",
+    "Journal",
+    "JournalError",
+    "Ledger",
 ]
 
-
-def _statements(script: str) -> list[str]:
-    # executescript() commits any open transaction first, which a migration must not do.
-    return [s.strip() for s in script.split(";") if s.strip()]
+log = logging.getLogger("holdover.journal")
 
 
 class JournalError(HoldoverError):
@@ -130,94 +60,9 @@ class JournalError(HoldoverError):
     exit_code = USAGE
 
 
-log = logging.getLogger("holdover.journal")
-HELD_MAX = 10_000  # events held in memory while the journal cannot write (about 10 MB at most)
-
-
-def _cause(e: BaseException) -> str:
-    """What went wrong, with the OS's errno name where there is one (ENOSPC, EROFS, EACCES)."""
-    if isinstance(e, OSError) and e.errno:
-        return f"{e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
-    code = getattr(e, "sqlite_errorname", None)
-    return f"{e} ({code})" if code else str(e)
-
-
-def _unusable(path: Path, e: BaseException) -> str:
-    """What is wrong with a journal file, in words, with what to do ([journal] path names it)."""
-    said = str(e)
-    if path.is_dir():
-        why = "is a directory, not a journal file"
-    elif isinstance(e, sqlite3.DatabaseError) and "not a database" in said:
-        why = "is not a holdover journal (not an SQLite file)"
-    elif not path.exists() and not path.parent.is_dir():
-        why = f"cannot be made: {path.parent} is not a directory"
-    elif not path.exists():
-        why = "does not exist (has the bridge run with this config?)"
-    elif isinstance(e, OSError):
-        why = f"cannot be opened: {e.strerror or e}"
-    elif path.exists() and not os.access(path, os.R_OK):
-        why = "cannot be read by this user"
-    else:
-        why = f"cannot be opened: {said}"
-    return f"journal {path} {why}; fix [journal] path in the config"
-
-
-class Ledger:
-    """A wing's own tables in the journal: the subclass declares them (DDL) and is the only code
-    that queries them. On a read-only journal from a bridge that never made them, `present` is
-    False and the ledger reads as empty."""
-
-    DDL = ""
-
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-        journal.ensure(self.DDL)
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        # The journal's connection of the moment: a stand-in is replaced by the file once it opens,
-        # and the ledger's tables are made there on first use.
-        self.journal.ensure(self.DDL)
-        return self.journal.db
-
-    @property
-    def present(self) -> bool:
-        return self.journal.ensure(self.DDL)
-
-
 HOST_BOOT = "host"  # the boot of events the bridge raises itself (sentinel_offline, ...)
 HOST_SOURCE = "bridge"
 PAYLOAD_KEEP = 1024  # bytes of a rejected payload kept as evidence
-
-
-@dataclass(frozen=True)
-class Event:
-    id: int
-    rx_ts: float
-    source: str
-    sid: str
-    boot: str
-    seq: int
-    kind: str
-    ms: int
-    ts: int | None
-    data: dict[str, Any]
-
-    @property
-    def body(self) -> dict[str, Any]:
-        return {
-            "sid": self.sid,
-            "boot": self.boot,
-            "seq": self.seq,
-            "kind": self.kind,
-            "ms": self.ms,
-            "ts": self.ts,
-            "data": self.data,
-        }
-
-
-def _event(event_id: int, rx_ts: float, source: str, body: dict[str, Any]) -> Event:
-    return Event(event_id, rx_ts, source, *(body[k] for k in ("sid", "boot", "seq", "kind", "ms", "ts", "data")))
 
 
 class Journal:
@@ -229,20 +74,18 @@ class Journal:
         self._ensured: dict[str, bool] = {}  # a ledger's DDL -> its tables are there
         self.broken: str | None = None  # what is wrong, naming the file, while it cannot write
         self.durable = True  # False while the connection is an in-memory stand-in for the file
-        self.held: OrderedDict[tuple[str, str, int], tuple[str, dict[str, Any]]] = OrderedDict()
-        self.dropped = 0  # held events dropped to stay within HELD_MAX (their sentinels still have them)
-        self._unjournaled = 0  # the ids of held events count down from -1
+        self.held = Held()  # events acted on but not journaled, while it cannot write
         try:
             self._open(str(path))
         except (sqlite3.Error, OSError) as e:
             with contextlib.suppress(Exception):
                 self.db.close()
             if not standin:
-                raise JournalError(_unusable(self.path, e)) from None
+                raise JournalError(unusable(self.path, e)) from None
             self.db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
             self.db.executescript(SCHEMA)
             self.durable = False
-            self._broke(_unusable(self.path, e) + f" ({_cause(e)})")
+            self._broke(unusable(self.path, e) + f" ({cause(e)})")
 
     def _open(self, path: str) -> None:
         if self.readonly:
@@ -286,7 +129,7 @@ class Journal:
             return
         with self.db:  # all or nothing: a journal is never left half migrated
             self.db.execute("BEGIN IMMEDIATE")
-            for statement in _statements(SCHEMA):
+            for statement in statements(SCHEMA):
                 self.db.execute(statement)
             for version, step in MIGRATIONS:
                 if have < version:
@@ -301,14 +144,18 @@ class Journal:
     def _has_seen_ts(self) -> bool:
         return any(r[1] == "seen_ts" for r in self.db.execute("PRAGMA table_info(sentinels)"))
 
-    def ensure(self, ddl: str) -> bool:
-        """A wing's own tables, made if missing (CREATE ... IF NOT EXISTS). On a read-only journal
-        nothing is made; False then says they are not there (a bridge that never used them)."""
+    def ensure(self, ddl: str, added: tuple[tuple[str, str, str], ...] = ()) -> bool:
+        """A wing's own tables, made if missing (CREATE ... IF NOT EXISTS), with the columns
+        `added` since (table, column, type). On a read-only journal nothing is made; False then
+        says they are not there (a bridge that never used them)."""
         # Once per journal: a ledger made for each API request must not run its DDL each time.
         if ddl not in self._ensured:
             if not self.readonly:
-                for statement in _statements(ddl):
+                for statement in statements(ddl):
                     self.db.execute(statement)
+                for table, column, kind in added:
+                    if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                        self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
                 self._ensured[ddl] = True
             else:
                 tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", ddl)
@@ -332,7 +179,7 @@ class Journal:
         """Record an accepted event; None if (sid, boot, seq) was already journaled, or is a
         heartbeat at or below what prune_routine() removed (its replay guard is the watermark)."""
         rx = time.time()
-        e = _event(0, rx, source, body)
+        e = event(0, rx, source, body)
         if e.kind in ROUTINE_KINDS:
             row = self.db.execute("SELECT below_seq FROM pruned WHERE sid=? AND boot=?", (e.sid, e.boot)).fetchone()
             if row is not None and e.seq <= row[0]:
@@ -380,9 +227,8 @@ class Journal:
                 return self._host_insert(body)
             except (sqlite3.Error, OSError) as e:
                 self.failed(f"journaling {kind}", e)
-        self._unjournaled += 1
-        body["seq"] = -self._unjournaled  # numbered for real when it is journaled
-        return self._hold(HOST_SOURCE, body)
+        body["seq"] = self.held.next_host_seq()
+        return self.held.hold(HOST_SOURCE, body)
 
     def _host_insert(self, body: dict[str, Any]) -> Event:
         (last,) = self.db.execute(
@@ -405,22 +251,16 @@ class Journal:
                 return self.accept(source, body), True
             except (sqlite3.Error, OSError) as e:
                 self.failed(f"journaling {body['kind']} from {body['sid']}", e)
-        return (self._hold(source, body) if hold else self._unjournaled_event(source, body)), False
+        return (self.held.hold(source, body) if hold else self.held.unjournaled(source, body)), False
 
-    def _hold(self, source: str, body: dict[str, Any]) -> Event:
-        while len(self.held) >= HELD_MAX:
-            self.held.popitem(last=False)
-            self.dropped += 1
-        self.held[(body["sid"], body["boot"], body["seq"])] = (source, body)
-        return self._unjournaled_event(source, body)
-
-    def _unjournaled_event(self, source: str, body: dict[str, Any]) -> Event:
-        self._unjournaled += 1
-        return _event(-self._unjournaled, time.time(), source, body)
+    @property
+    def dropped(self) -> int:
+        """Held events dropped to stay within HELD_MAX (their sentinels still have them)."""
+        return self.held.dropped
 
     def failed(self, doing: str, e: BaseException) -> None:
         """A write that did not happen: the journal is broken until `recover()` succeeds."""
-        self._broke(f"journal {self.path}: {doing} failed: {_cause(e)}")
+        self._broke(f"journal {self.path}: {doing} failed: {cause(e)}")
 
     def _broke(self, why: str) -> None:
         if self.broken is None:
@@ -452,7 +292,7 @@ class Journal:
                     with contextlib.suppress(Exception):
                         self.db.close()
                 self.db = standin
-                self.broken = _unusable(self.path, e) + f" ({_cause(e)})"
+                self.broken = unusable(self.path, e) + f" ({cause(e)})"
                 return None
             standin.close()
             self.durable = True
@@ -460,16 +300,16 @@ class Journal:
         try:
             with self.db:
                 self.db.execute("BEGIN IMMEDIATE")
-                for source, body in self.held.values():
+                for source, body in self.held.events.values():
                     if body["boot"] == HOST_BOOT:
                         self._host_insert(body)
                     else:
                         self.accept(source, body)
         except (sqlite3.Error, OSError) as e:
-            self.broken = f"journal {self.path}: still cannot write: {_cause(e)}"
+            self.broken = f"journal {self.path}: still cannot write: {cause(e)}"
             return None
         n = len(self.held)
-        self.held.clear()
+        self.held.events.clear()
         self.broken = None
         log.warning("journal %s writable again: %d held event(s) journaled", self.path, n)
         return n
