@@ -304,7 +304,7 @@ def emergency(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer | N
     rid = g.request("mains_lost")
     g.step_end(1)  # the step boundary comes at once here; in a run it is at most one step away
     done = time.perf_counter() - t0
-    req = g._requests[rid]
+    req = g.requests()[rid]
     assert req["state"] == "done", req
     ckpt.verify(req["dir"])
     return done, time.perf_counter() - t0

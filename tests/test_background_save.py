@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from holdover.train import ckpt, state
-from holdover.train import guard as guard_mod
+from holdover.train import ckpt, memory, state
 from holdover.train.ckpt import snapshot as snapshot_mod
 from holdover.train.guard import Guard
 
@@ -73,7 +72,7 @@ class Gate:
                     time.sleep(0.005)
             return real(*a, cancel=cancel, **kw)
 
-        monkeypatch.setattr(guard_mod.ckpt, "save", save)
+        monkeypatch.setattr(ckpt, "save", save)
 
 
 def _guard(tmp: Path, model: Any, opt: Any, log: list[str], **kw: Any) -> Guard:
@@ -212,7 +211,7 @@ def test_with_no_memory_for_a_snapshot_periodic_saves_run_in_the_loop_and_say_so
     the background comes back when memory does."""
     room = {"bytes": 0}
     if short == "room":  # what memory.room() reads: MemAvailable, or a cgroup's limit less its use
-        monkeypatch.setattr(guard_mod.memory, "room", lambda: room["bytes"])
+        monkeypatch.setattr(memory, "room", lambda: room["bytes"])
     else:
         real = snapshot_mod.StagingBuffer
 

@@ -291,7 +291,7 @@ def test_pruning_waits_until_the_request_is_done_and_spares_the_emergency_save(
     real = ckpt.prune
 
     def spy(*a: object, **kw: object) -> list[Path]:  # the request as the bridge saw it when the prune began
-        seen.append(g._requests["r1"]["state"])
+        seen.append(g.requests()["r1"]["state"])
         return real(*a, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ckpt, "prune", spy)

@@ -83,7 +83,9 @@ def test_a_stuck_loop_is_saved_at_its_last_whole_step_without_a_collective(tmp_p
         assert loop.held.wait(20)
         t0 = time.monotonic()
         rid = loop.guard.request("mains_lost")
-        req = _wait_for(lambda: loop.guard._requests[rid]["state"] in ("done", "failed") and loop.guard._requests[rid])
+        req = _wait_for(
+            lambda: loop.guard.requests()[rid]["state"] in ("done", "failed") and loop.guard.requests()[rid]
+        )
         took = time.monotonic() - t0
         assert req["state"] == "done" and req["step"] == 5, req
         assert took < 10, took
@@ -103,7 +105,7 @@ def test_a_stuck_loop_is_saved_at_its_last_whole_step_without_a_collective(tmp_p
         loop.release.set()
         _wait_for(lambda: 8 in loop.ended)
         rid2 = loop.guard.request("again")
-        req2 = _wait_for(lambda: loop.guard._requests[rid2]["state"] == "done" and loop.guard._requests[rid2])
+        req2 = _wait_for(lambda: loop.guard.requests()[rid2]["state"] == "done" and loop.guard.requests()[rid2])
         assert req2["step"] > 6 and "collective_free" not in state.load(Path(req2["dir"])).manifest.meta
     finally:
         loop.close()
@@ -114,12 +116,12 @@ def test_inside_an_update_it_refuses_and_says_why_then_the_loop_saves_at_the_bou
     try:
         assert loop.held.wait(20)
         rid = loop.guard.request("mains_lost")
-        req = _wait_for(lambda: loop.guard._requests[rid].get("waiting") and loop.guard._requests[rid])
+        req = _wait_for(lambda: loop.guard.requests()[rid].get("waiting") and loop.guard.requests()[rid])
         assert req["state"] == "queued" and "inside an update" in req["waiting"]
         assert not ckpt.candidates(loop.guard.root)
         assert sum("inside an update" in m for m in loop.logs) == 1  # said once, not every 0.1 s
         loop.release.set()
-        req = _wait_for(lambda: loop.guard._requests[rid]["state"] == "done" and loop.guard._requests[rid])
+        req = _wait_for(lambda: loop.guard.requests()[rid]["state"] == "done" and loop.guard.requests()[rid])
         assert req["step"] == 6 and "collective_free" not in state.load(Path(req["dir"])).manifest.meta
     finally:
         loop.close()

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -76,6 +77,25 @@ class Registration:
     last_save: LastSave | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     job: str | None = None  # the Slurm job it runs in (SLURM_JOB_ID), for the cluster's bridge
+
+    @classmethod
+    def of_this_process(cls, name: str, ckpt_dir: Path, signal: int, rank: int, world: int) -> Registration:
+        """This process as a run: its command line to run it again, its tmux session and its Slurm
+        job, if any (the socket is filled in once it listens)."""
+        return cls(
+            name=name,
+            pid=os.getpid(),
+            socket="",
+            ckpt_dir=str(ckpt_dir),
+            signal=signal,
+            argv=[sys.executable, *sys.argv],
+            cwd=os.getcwd(),
+            started=time.time(),
+            tmux=os.environ.get("HOLDOVER_TMUX_SESSION"),
+            rank=rank,
+            world=world,
+            job=os.environ.get("SLURM_JOB_ID"),
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
