@@ -1,3 +1,3 @@
 # The firmware's release, as Home Assistant shows it (sw_version) and the host's package carries it
-# (tests/test_ha.py holds the two equal: the host deploys the firmware it ships with).
+# (tests/bridge/test_ha.py holds the two equal: the host deploys the firmware it ships with).
 VERSION = "0.1.0"

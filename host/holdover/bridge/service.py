@@ -10,7 +10,7 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,8 @@ from holdover.node.systemd import Notifier
 from holdover.node.ups import UpsReading, UpsWatch
 from holdover.settings import Settings
 
+# What runs beside the bridge on its loop while it runs (entered at start, left as it stops).
+Beside = Callable[["Bridge"], contextlib.AbstractAsyncContextManager[None]]
 log = logging.getLogger("holdover.bridge")
 NODE = protocol.NODE  # the "sentinel" id of events about this machine itself
 
@@ -337,7 +339,13 @@ class Bridge:
     def stop(self) -> None:
         self._stop.set()
 
-    async def run(self) -> None:
+    async def run(self, beside: Beside | None = None) -> None:
+        """The bridge until stop(); `beside`, what is served next to it on this loop for as long
+        (the web layer's API and dashboard: web.server.serving), which this wing never imports."""
+        async with beside(self) if beside is not None else contextlib.nullcontext():
+            await self._run()
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             # Not possible off the main thread, where the demo and tests run a bridge.
@@ -443,16 +451,15 @@ class Bridge:
 class BridgeThread:
     """A bridge on an event loop of its own, for the demo and benchmarks that drive it from outside."""
 
-    def __init__(self, bridge: Bridge, main: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(self, bridge: Bridge, beside: Beside | None = None) -> None:
         self.bridge = bridge
-        # `main` runs the bridge with company (the web layer's run_with), which this wing never imports.
-        self.main = main or bridge.run
+        self.beside = beside
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._main, name="holdover-bridge", daemon=True)
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.main())
+        self.loop.run_until_complete(self.bridge.run(self.beside))
 
     def start(self) -> BridgeThread:
         self.thread.start()

@@ -193,9 +193,9 @@ def bridge(
         )
     if cfg.slurm.enabled:
         _slurm_knows_the_circuits(cfg, config)
-    from holdover.web.server import run_with
+    from holdover.web.server import serving
 
-    asyncio.run(run_with(Bridge(cfg), cfg.web))
+    asyncio.run(Bridge(cfg).run(beside=lambda b: serving(b, cfg.web)))
 
 
 def _slurm_knows_the_circuits(cfg: Settings, config: Path) -> None:

@@ -5,7 +5,7 @@ apcupsd itself needs a UPS on a cable (USB, serial, SNMP, a PowerChute card) tha
 does not have, so the peer is faked at its wire: a request is a 2-byte big-endian length and a
 command ("status"), the answer one record per field (2-byte length, `NAME     : value\\n`, as
 apcupsd's output.c pads it) and a zero length at the end. Debian's own `apcaccess` reading it
-(tests/test_ups.py) is what says the bytes are right.
+(tests/node/test_ups.py) is what says the bytes are right.
 """
 
 from __future__ import annotations

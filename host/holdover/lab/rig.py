@@ -23,7 +23,7 @@ from holdover.bridge import Bridge, BridgeThread
 from holdover.bridge.gate import Verdict
 from holdover.lab.broker import Broker, free_port
 from holdover.settings import WebSettings
-from holdover.web.server import run_with
+from holdover.web.server import serving
 
 
 @dataclass
@@ -187,7 +187,7 @@ class Rig:
     def start_bridge(self, cfg: settings_mod.Settings) -> None:
         b = Bridge(cfg, on_verdict=self._verdict, on_hook=self._hook)
         web = self.web
-        self.bridge = BridgeThread(b, (lambda: run_with(b, web)) if web else None).start()
+        self.bridge = BridgeThread(b, (lambda running: serving(running, web)) if web else None).start()
 
     def close(self) -> None:
         self.control.close()

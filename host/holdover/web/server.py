@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import AsyncIterator
 
 import uvicorn
 
@@ -37,18 +38,19 @@ def bind(settings: WebSettings) -> socket.socket | None:
     return sock
 
 
-async def run_with(bridge: Bridge, settings: WebSettings) -> None:
-    """bridge.run(), with the API and dashboard served beside it until the bridge stops."""
+@contextlib.asynccontextmanager
+async def serving(bridge: Bridge, settings: WebSettings) -> AsyncIterator[None]:
+    """The API and dashboard served on the bridge's loop while it runs: `Bridge.run(beside=...)`."""
     made = make_server(bridge, settings) if settings.enabled else None
     if made is None:
-        await bridge.run()
+        yield
         return
     server, sock = made
     web = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     host, port = sock.getsockname()[:2]
     log.info("web: API and dashboard on http://%s:%d/ (OpenAPI at /docs)", host, port)
     try:
-        await bridge.run()
+        yield
     finally:
         server.should_exit = True
         await web

@@ -10,7 +10,7 @@ from pathlib import Path
 import holdover
 
 ROOT = Path(holdover.__file__).parent
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FIRMWARE = REPO / "firmware"
 DOC = REPO / "docs" / "architecture.md"
 

@@ -22,7 +22,7 @@ from test_cli_surface import surface
 
 from support import build_wheel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
 
 # What an installed module may lack: the extras [emu] does not bring (torch, the frameworks, the

@@ -177,3 +177,79 @@ def test_keygen_writes_a_private_key_both_configs_accept(tmp_path: Path) -> None
     assert cfg.keys() == {"rack1": key.encode()}
     again = subprocess.run([HOLDOVER, "keygen", "rack1", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert again.returncode == 1 and "exists" in again.stderr and path.read_text().strip() == key
+
+
+# The board's own validator in the unix port (validate_config.py): errors name the key.
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            '{"key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "1.2.3.4"}, "mains": {"pin": 4}}',
+            "sentinel_id: required",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "short", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}}',
+            "key: must be at least",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2", "port": 70000}, "mains": {"pin": 4}}',
+            "mqtt.port: must be in 1..65535",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4, "mode": "ac"}}',
+            "mains.mode: must be one of",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}, "x": 1}',
+            "x: unknown key",
+        ),
+        (
+            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": true}}',
+            "mains.pin: must be an integer",
+        ),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_firmware_config_errors_name_the_key(tmp_path, cfg: str, message: str) -> None:
+    f = tmp_path / "config.json"
+    f.write_text(cfg)
+    out = run_micropython("validate_config.py", str(f))
+    assert out.startswith("error:") and message in out, out
+
+
+_BASE = board_config(key="7f3a9c2e5b1d8e4f", mains={"pin": 27})
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"relay": {"pin": 12}}, "relay.pin: GPIO12 is a strapping pin"),
+        ({"relay": {"pin": 0}}, "relay.pin: GPIO0 is a strapping pin"),
+        ({"relay": {"pin": 34}}, "relay.pin: GPIO34 is input-only"),
+        ({"battery": {"pin": 26}}, "battery.pin: GPIO26 is on ADC2, which the WiFi driver owns"),
+        ({"battery": {"pin": 23}}, "battery.pin: GPIO23 has no ADC"),
+        ({"mains": {"pin": 7}}, "mains.pin: GPIO7 is wired to the module's SPI flash"),
+        ({"mains": {"pin": 1}}, "mains.pin: GPIO1 is UART0"),
+        ({"mains": {"pin": 35}}, "mains.pin: GPIO35 has no internal pull-up"),
+        ({"relay": {"pin": 27}}, "relay.pin: GPIO27 is already mains.pin"),
+        ({"uplink": {"targets": [{"kind": "tcp", "host": "example.com", "port": 80}]}}, "uplink.targets: [0].host"),
+        ({"uplink": {"targets": [{"kind": "icmp", "host": "10.0.0.1"}]}}, "[0].kind: must be tcp or dns"),
+        ({"uplink": {"interval_ms": 300, "timeout_ms": 400}}, "uplink.timeout_ms: must be shorter"),
+        ({"battery": {"low_pct": 10, "critical_pct": 20}}, "battery.critical_pct: must be below"),
+    ],
+)
+def test_config_refuses_pins_and_targets_that_cannot_work(tmp_path, extra: dict, message: str) -> None:
+    cfg = {**_BASE}
+    for k, v in extra.items():
+        cfg[k] = {**cfg.get(k, {}), **v}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    out = run_micropython("validate_config.py", str(f))
+    assert out.startswith("error:") and message in out, out
+
+
+def test_the_recommended_pin_map_is_accepted(tmp_path) -> None:
+    cfg = {**_BASE, "mains": {"pin": 35, "pull_up": False}, "relay": {"pin": 26}, "battery": {"pin": 33}}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    assert run_micropython("validate_config.py", str(f)).startswith("ok"), cfg

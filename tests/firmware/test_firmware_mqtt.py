@@ -6,14 +6,13 @@ import contextlib
 import time
 
 import paho.mqtt.client as paho
-import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from holdover.board.emulator import CHIP_HEAP_KB, HEAP_RATIO_64_TO_32
 from holdover.bridge import discovery
 from holdover.firmware import protocol
 from holdover.lab.rig import Rig
-from support import Listener, run_micropython, wait_for
+from support import Listener, wait_for
 
 
 def _event_kind(rig: Rig, payload: bytes) -> str:
@@ -165,62 +164,3 @@ def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
     assert 0 < mem["emu_only"] < 20 * 1024, mem
     chip_live_kb = (mem["hwm"] - mem["emu_only"]) / HEAP_RATIO_64_TO_32 / 1024
     assert CHIP_HEAP_KB - chip_live_kb > 30, (chip_live_kb, mem)
-
-
-def test_bad_control_commands_get_an_error_naming_the_problem(rig_factory) -> None:
-    rig = rig_factory(bridge=False)
-    for line, fragment in [
-        (b"not json", "not JSON"),
-        (b'{"mains": "yes"}', "mains: expected true or false"),
-        (b'{"battery_v": -1}', "battery_v"),
-        (b'{"teleport": 1}', "unknown command"),
-        (b'{"get": "secrets"}', "get: expected state, world, ticks, adc, mem, relay, led or raised"),
-        (b'{"mains": false, "wlan": false}', "exactly one key"),
-    ]:
-        reply = rig.control.raw(line)
-        assert reply["ok"] is False and fragment in reply["error"], (line, reply)
-    assert rig.control.send(get="world")["world"]["mains"] is True
-
-
-def test_emulated_adc_sees_the_battery_through_the_divider(rig_factory) -> None:
-    rig = rig_factory(bridge=False)
-    rig.control.send(battery_v=3.55)
-    assert rig.control.send(get="adc")["adc_uv"] == 1775000
-    assert rig.control.send(get="world")["world"]["battery_v"] == 3.55
-
-
-@pytest.mark.parametrize(
-    ("cfg", "message"),
-    [
-        (
-            '{"key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "1.2.3.4"}, "mains": {"pin": 4}}',
-            "sentinel_id: required",
-        ),
-        (
-            '{"sentinel_id": "s", "key": "short", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}}',
-            "key: must be at least",
-        ),
-        (
-            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2", "port": 70000}, "mains": {"pin": 4}}',
-            "mqtt.port: must be in 1..65535",
-        ),
-        (
-            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4, "mode": "ac"}}',
-            "mains.mode: must be one of",
-        ),
-        (
-            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": 4}, "x": 1}',
-            "x: unknown key",
-        ),
-        (
-            '{"sentinel_id": "s", "key": "7f3a9c2e5b1d8e4f", "wlan": {"ssid": "lab"}, "mqtt": {"host": "10.0.0.2"}, "mains": {"pin": true}}',
-            "mains.pin: must be an integer",
-        ),
-        ("{not json", "not valid JSON"),
-    ],
-)
-def test_firmware_config_errors_name_the_key(tmp_path, cfg: str, message: str) -> None:
-    f = tmp_path / "config.json"
-    f.write_text(cfg)
-    out = run_micropython("validate_config.py", str(f))
-    assert out.startswith("error:") and message in out, out

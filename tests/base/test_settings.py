@@ -14,7 +14,7 @@ from holdover.settings import ConfigError, Settings
 from holdover.settings import example as config_example
 from support import HOLDOVER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"
 
 

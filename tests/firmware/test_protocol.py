@@ -159,6 +159,6 @@ def test_topics_round_trip_and_refuse_strangers() -> None:
 
 
 def test_protocol_doc_names_every_kind_and_reason() -> None:
-    doc = (Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
     for name in (*protocol.KINDS, protocol.BAD_SIGNATURE, protocol.REPLAYED, protocol.OVERSIZED, protocol.UNSIGNED):
         assert f"`{name}`" in doc, name

@@ -148,3 +148,25 @@ def test_a_control_port_taken_before_the_board_binds_it_is_retried_on_another(tm
     finally:
         r.close()
         squatter.close()
+
+
+def test_bad_control_commands_get_an_error_naming_the_problem(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    for line, fragment in [
+        (b"not json", "not JSON"),
+        (b'{"mains": "yes"}', "mains: expected true or false"),
+        (b'{"battery_v": -1}', "battery_v"),
+        (b'{"teleport": 1}', "unknown command"),
+        (b'{"get": "secrets"}', "get: expected state, world, ticks, adc, mem, relay, led or raised"),
+        (b'{"mains": false, "wlan": false}', "exactly one key"),
+    ]:
+        reply = rig.control.raw(line)
+        assert reply["ok"] is False and fragment in reply["error"], (line, reply)
+    assert rig.control.send(get="world")["world"]["mains"] is True
+
+
+def test_emulated_adc_sees_the_battery_through_the_divider(rig_factory) -> None:
+    rig = rig_factory(bridge=False)
+    rig.control.send(battery_v=3.55)
+    assert rig.control.send(get="adc")["adc_uv"] == 1775000
+    assert rig.control.send(get="world")["world"]["battery_v"] == 3.55

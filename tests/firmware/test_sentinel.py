@@ -23,7 +23,7 @@ from holdover.firmware import protocol
 from holdover.journal import HOST_BOOT, Journal
 from holdover.lab.rig import Rig
 from holdover.lab.targets import TcpTarget, UdpServer, dns_answer
-from support import HOLDOVER, Listener, board_config, run_micropython, wait_for
+from support import HOLDOVER, Listener, wait_for
 
 NTP_TIME = 1924992000  # 2031-01-01T00:00:00Z, far from the host clock, so its effect is visible
 
@@ -417,7 +417,7 @@ def test_a_pulse_over_the_serial_port_is_answered_there(rig_factory) -> None:
 
 def test_the_modem_is_power_cycled_when_the_uplink_stays_down(rig_factory) -> None:
     # Live wiring only: uplink lost -> one pulse, on then off. The policy's cap and its battery
-    # rule are tests/test_rules.py's, on hours of virtual time.
+    # rule are tests/firmware/test_rules.py's, on hours of virtual time.
     tgt = TcpTarget()
     fw = {
         **_uplink([{"kind": "tcp", "host": "127.0.0.1", "port": tgt.port}]),
@@ -586,40 +586,3 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
 
 
 # --- config: pins that break their role on an ESP32 -------------------------------------------------
-
-_BASE = board_config(key="7f3a9c2e5b1d8e4f", mains={"pin": 27})
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"relay": {"pin": 12}}, "relay.pin: GPIO12 is a strapping pin"),
-        ({"relay": {"pin": 0}}, "relay.pin: GPIO0 is a strapping pin"),
-        ({"relay": {"pin": 34}}, "relay.pin: GPIO34 is input-only"),
-        ({"battery": {"pin": 26}}, "battery.pin: GPIO26 is on ADC2, which the WiFi driver owns"),
-        ({"battery": {"pin": 23}}, "battery.pin: GPIO23 has no ADC"),
-        ({"mains": {"pin": 7}}, "mains.pin: GPIO7 is wired to the module's SPI flash"),
-        ({"mains": {"pin": 1}}, "mains.pin: GPIO1 is UART0"),
-        ({"mains": {"pin": 35}}, "mains.pin: GPIO35 has no internal pull-up"),
-        ({"relay": {"pin": 27}}, "relay.pin: GPIO27 is already mains.pin"),
-        ({"uplink": {"targets": [{"kind": "tcp", "host": "example.com", "port": 80}]}}, "uplink.targets: [0].host"),
-        ({"uplink": {"targets": [{"kind": "icmp", "host": "10.0.0.1"}]}}, "[0].kind: must be tcp or dns"),
-        ({"uplink": {"interval_ms": 300, "timeout_ms": 400}}, "uplink.timeout_ms: must be shorter"),
-        ({"battery": {"low_pct": 10, "critical_pct": 20}}, "battery.critical_pct: must be below"),
-    ],
-)
-def test_config_refuses_pins_and_targets_that_cannot_work(tmp_path, extra: dict, message: str) -> None:
-    cfg = {**_BASE}
-    for k, v in extra.items():
-        cfg[k] = {**cfg.get(k, {}), **v}
-    f = tmp_path / "config.json"
-    f.write_text(json.dumps(cfg))
-    out = run_micropython("validate_config.py", str(f))
-    assert out.startswith("error:") and message in out, out
-
-
-def test_the_recommended_pin_map_is_accepted(tmp_path) -> None:
-    cfg = {**_BASE, "mains": {"pin": 35, "pull_up": False}, "relay": {"pin": 26}, "battery": {"pin": 33}}
-    f = tmp_path / "config.json"
-    f.write_text(json.dumps(cfg))
-    assert run_micropython("validate_config.py", str(f)).startswith("ok"), cfg

@@ -100,3 +100,16 @@ def test_only_the_journal_and_the_ledgers_speak_sql(path: Path) -> None:
 def test_the_sql_rule_sees_the_ledgers() -> None:
     ledgers = [p for p in ROOT.rglob("*.py") if _ledger_module(ast.parse(p.read_text()))]
     assert len(ledgers) >= 4, ledgers
+
+
+TESTS = Path(__file__).resolve().parents[1]
+TEST_WINGS = {"base", "board", "bridge", "cli", "cluster", "e2e", "firmware", "node", "train", "web"}
+
+
+def test_tests_live_in_the_folder_of_their_wing() -> None:
+    """tests/<wing>/ mirrors the package (base for settings, journal, events, proc and the rules;
+    e2e for the whole chain, the wheel and the docs as written); support.py and conftest.py alone
+    at the top."""
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
+    folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
+    assert folders <= TEST_WINGS, folders - TEST_WINGS

@@ -18,7 +18,7 @@ from holdover.node.datacap import DataUsage
 from holdover.node.rescue_ledger import RescueLedger
 from support import HOLDOVER, KEY
 
-FIXTURE = Path(__file__).parent / "fixtures" / "journal-b674fac.sql"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "journal-b674fac.sql"
 
 
 def _old_journal(path: Path, drop_seen_ts: bool = False) -> Path:

@@ -18,7 +18,7 @@ from holdover.node.rescue_ledger import RescueLedger
 from holdover.web import outages
 from support import HOLDOVER, Toy
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 def _at(j: Journal, kind: str, sid: str, ts: float, **data: object) -> Event:

@@ -1,7 +1,7 @@
 """The `holdover` command's surface (every command, argument, option, default and help text) is the
 one recorded in tests/fixtures/cli_surface.json: a reshaping of cli/ that drops or renames anything
 a user or a script relies on fails here. Record anew, on purpose, with
-`python tests/test_cli_surface.py > tests/fixtures/cli_surface.json`."""
+`python tests/cli/test_cli_surface.py > tests/fixtures/cli_surface.json`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import typer.main
 
-RECORDED = Path(__file__).parent / "fixtures" / "cli_surface.json"
+RECORDED = Path(__file__).parents[1] / "fixtures" / "cli_surface.json"
 
 
 def _param(p: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from holdover.web.server import make_server
 from support import HOLDOVER, KEY, wait_for
 
 TOKEN = "0f3b8c1d9e2a4b5c6d7e8f90a1b2c3d4"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Debian's promtool, unpacked by scripts/ensure-system-deps.sh (the package would start a server).
 PROMTOOL = shutil.which("promtool") or str(ROOT / ".cache/prometheus/root/usr/bin/promtool")
 
@@ -37,7 +37,7 @@ def promtool_check(text: str) -> None:
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 @contextlib.contextmanager
@@ -558,7 +558,7 @@ def test_a_week_of_history_is_plotted_with_times_units_and_a_chosen_span(tmp_pat
 
 
 def test_the_slurm_tile_says_what_was_drained_and_what_became_of_each_job(tmp_path) -> None:
-    # The journal as the controller's bridge leaves it after a cut (tests/test_slurm.py makes these
+    # The journal as the controller's bridge leaves it after a cut (tests/cluster/test_slurm.py makes these
     # events with a real Slurm): the page reads it like the status command does.
     from types import SimpleNamespace
 

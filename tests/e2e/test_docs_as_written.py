@@ -20,7 +20,7 @@ import pytest
 from holdover.lab import nut
 from support import KEY
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def blocks(doc: str, lang: str) -> list[str]:

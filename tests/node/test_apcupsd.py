@@ -26,7 +26,7 @@ from holdover.node.ups import UpsReader
 from holdover.settings import ConfigError, Settings, UpsSettings, load
 from support import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APCACCESS = shutil.which("apcaccess") or str(ROOT / ".cache/apcupsd/root/sbin/apcaccess")
 
 
