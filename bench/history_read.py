@@ -8,6 +8,7 @@ the time to read, and the JSON the page would download.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -33,6 +34,7 @@ def timed(fn) -> tuple[float, object]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__).parse_args()  # --help, and nothing else to set
     with tempfile.TemporaryDirectory(prefix="holdover-bench-history-") as tmp, Journal(Path(tmp) / "j.db") as j:
         h = History(j)
         now = time.time()

@@ -30,13 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
-from holdover.firmware import netio, pins, protocol
+from holdover.board.config_check import board_config  # the board's own rules, its siblings aliased
+from holdover.firmware import netio
 
 # The firmware imports its siblings by bare name, as MicroPython's flat path has them.
-sys.modules.setdefault("protocol", protocol)
-sys.modules.setdefault("pins", pins)
 sys.modules.setdefault("netio", netio)
-from holdover.firmware import config as board_config  # noqa: E402
 from holdover.firmware import uplink  # noqa: E402  (the decision code the board runs)
 from holdover.lab.rig import Rig  # noqa: E402
 from holdover.lab.stats import percentile  # noqa: E402

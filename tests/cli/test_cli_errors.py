@@ -43,6 +43,8 @@ CASES = [
     (["status", "--config", "{tmp}/missing.toml"], 2, "bad config"),
     (["forget", "no-such-run"], 1, "no run named 'no-such-run'"),
     (["verify", "{tmp}"], 1, "no verified checkpoint under"),
+    (["verify", "{tmp}/nonexistent"], 2, "{tmp}/nonexistent: does not exist"),
+    (["outages", "--days", "-1", "--config", "{tmp}/missing.toml"], 2, "--days -1: give a number of days above 0"),
     (["flash", "{tmp}/missing.bin", "--dry-run", "--port", "/dev/null"], 2, "cannot read"),
     (["launch", "--name", "bad/name", "--", "true"], 2, "run name 'bad/name'"),
     (["keygen", "bad", "--dir", "/proc/holdover-cannot-be-made"], 1, "/proc/holdover-cannot-be-made"),
@@ -58,7 +60,7 @@ def test_an_error_is_one_line_and_its_exit_code(
     r = CliRunner().invoke(app, [a.format(tmp=tmp_path) for a in argv])
     assert r.exit_code == code, r.output
     assert "Traceback" not in r.output
-    assert said in r.output
+    assert said.format(tmp=tmp_path) in r.output
     assert r.output.startswith("holdover: "), r.output
 
 
@@ -151,6 +153,26 @@ def test_a_broken_config_or_journal_is_one_line_never_a_traceback(
 ) -> None:
     paths = _inputs(tmp_path)
     _run_broken([*(a.format(**paths) for a in argv), "--config", paths[cfg]], tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", [["status"], ["events"], ["outages"], ["get", "s"]], ids=lambda v: v[0])
+@pytest.mark.parametrize("content", [b"", None], ids=["0 bytes", "a database without holdover's tables"])
+def test_a_journal_the_bridge_has_not_written_is_said_so(
+    argv: list[str], content: bytes | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = tmp_path / "j.db"
+    if content is None:
+        import sqlite3
+
+        sqlite3.connect(journal).execute("CREATE TABLE other (x)").connection.close()
+    else:
+        journal.write_bytes(content)
+    cfg = tmp_path / "h.toml"
+    cfg.write_text(f'[journal]\npath = "{journal}"\n{KEYLINE}')
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    r = CliRunner().invoke(app, [*argv, "--config", str(cfg)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"holdover: {journal} holds no journal yet" in r.output and "has the bridge run" in r.output, r.output
 
 
 @pytest.mark.parametrize("argv", BOARD_BROKEN, ids=lambda v: "-".join(v[:2]))

@@ -372,12 +372,27 @@ def test_holdover_relay_sends_a_signed_pulse_and_prints_the_answer(rig_factory) 
     off = subprocess.run([*cmd[:3], "off", *cmd[3:]], capture_output=True, text=True, timeout=60)
     assert off.stdout.strip() == f"{rig.sid}: off: ok (relay now off)", off
     again = subprocess.run([*cmd[:3], "on", *cmd[3:]], capture_output=True, text=True, timeout=60)
-    assert again.returncode == 1 and "refused: too_soon" in again.stderr, again
+    said = "refused: too_soon: inside the relay's min_interval_ms of its last switch (relay off)"
+    assert again.returncode == 1 and said in again.stderr, again
     assert rig.control.send(get="relay")["relay"] is False
     bad = subprocess.run([*cmd[:3], "blink", *cmd[3:]], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "op: must be one of on, off, pulse" in bad.stderr, bad
     stranger = subprocess.run([HOLDOVER, "relay", "nobody", "on", *cmd[3:]], capture_output=True, text=True)
     assert stranger.returncode == 2 and "no key for 'nobody'" in stranger.stderr
+
+
+def test_a_refusal_is_said_in_words_once() -> None:
+    """The ack's reason with the sentinel's detail, or what the reason means when it sent none
+    (it once read `refused: no_relay: no_relay`)."""
+    from holdover.bridge.commands import refusal
+
+    assert refusal({"reason": "no_relay", "detail": "no_relay"}) == (
+        "no_relay: this sentinel has no relay (relay.pin in its board config)"
+    )
+    assert refusal({"reason": "expired", "detail": "sent at 10, the board's clock says 99"}) == (
+        "expired: sent at 10, the board's clock says 99"
+    )
+    assert refusal({"reason": "strange"}) == "strange"
 
 
 def test_a_pulse_over_the_serial_port_is_answered_there(rig_factory) -> None:

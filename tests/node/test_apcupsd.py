@@ -52,15 +52,15 @@ def test_debians_apcaccess_reads_the_stand_in(nis: NisPeer) -> None:
 
 def test_apcupsds_words_are_read_as_nuts(nis: NisPeer) -> None:
     r = UpsReader(_ups(nis)).read()
-    assert (r.status, r.charge, r.runtime_s, r.load, r.on_battery) == (frozenset({"OL"}), 100, 900, 30, False)
+    assert (r.status, r.charge, r.runtime_s, r.load, r.on_battery) == (("OL",), 100, 900, 30, False)
     nis.set(
         STATUS="ONBATT LOWBATT", BCHARGE="12.0 Percent", TIMELEFT="1.5 Minutes", LOADPCT="41.0 Percent Load Capacity"
     )
     r = UpsReader(_ups(nis)).read()
-    assert (r.status, r.charge, r.runtime_s, r.load) == (frozenset({"OB", "LB"}), 12, 90, 41)
+    assert (r.status, r.charge, r.runtime_s, r.load) == (("OB", "LB"), 12, 90, 41)
     assert r.low(0.0)
     nis.set(STATUS="SHUTTING DOWN")
-    assert UpsReader(_ups(nis)).read().status == frozenset({"FSD"})
+    assert UpsReader(_ups(nis)).read().status == ("FSD",)
     # A UPS that gives no TIMELEFT: absent, as with NUT, and a fixed runtime_s stands in.
     del nis.fields["TIMELEFT"]
     nis.set(STATUS="ONLINE")

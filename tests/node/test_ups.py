@@ -52,7 +52,7 @@ def _ups(server: nut.NutServer, name: str = "hostups", **kw: Any) -> UpsSettings
 
 def test_the_ups_is_read_from_a_real_upsd_and_each_failure_is_named(upsd: nut.NutServer) -> None:
     r = UpsReader(_ups(upsd)).read()
-    assert (r.status, r.charge, r.runtime_s, r.load, r.on_battery) == (frozenset({"OL"}), 100, 900, 30, False)
+    assert (r.status, r.charge, r.runtime_s, r.load, r.on_battery) == (("OL",), 100, 900, 30, False)
     bare = UpsReader(_ups(upsd, "bare")).read()
     assert bare.runtime_s is None and bare.describe() == "OL, no battery.runtime"
     with pytest.raises(NutError, match=rf"UPS nosuch@127.0.0.1:{upsd.port}: upsd at .* has no UPS 'nosuch'"):
@@ -270,19 +270,25 @@ def test_status_reads_the_ups_now_and_names_what_is_wrong(upsd: nut.NutServer, t
     u = json.loads(r.stdout)["ups"]
     assert (u["name"], u["status"], u["on_battery"], u["runtime_s"], u["guess"]) == (
         "hostups",
-        "DISCHRG OB",
+        "OB DISCHRG",  # in NUT's order, as upsc prints it
         True,
         460,
         False,
     )
     assert u["deadline_from"] == "UPS hostups: 460 s left"
     r = status()
-    assert f"host UPS hostups (hostups@127.0.0.1:{upsd.port}): DISCHRG OB, 90 %, 460 s left, load 30 %" in r.stdout
+    assert f"host UPS hostups (hostups@127.0.0.1:{upsd.port}): OB DISCHRG, 90 %, 460 s left, load 30 %" in r.stdout
     upsd.stop_upsd()
     r = status()
     assert r.returncode == 0, r.stderr
     assert f"host UPS hostups: UPS hostups@127.0.0.1:{upsd.port}: cannot reach upsd" in r.stdout
     assert "an emergency's deadline: [protect] runtime_default 600 s, a guess (UPS hostups@" in r.stdout
+    # `get`, as upsc does: nothing on stdout, the reason on stderr, exit 1 (a script must not read
+    # an empty line as a status); and with the UPS there, the status in NUT's order.
+    get = [HOLDOVER, "get", "ups", "status", "-c", str(cfg)]
+    r = subprocess.run(get, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (1, ""), (r.returncode, r.stdout, r.stderr)
+    assert f"holdover: UPS hostups@127.0.0.1:{upsd.port}: cannot reach upsd" in r.stderr, r.stderr
 
 
 def test_changes_within_one_second_all_reach_nut(upsd: nut.NutServer) -> None:

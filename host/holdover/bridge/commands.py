@@ -29,6 +29,22 @@ class CommandError(HoldoverError, RuntimeError):
     exit_code = USAGE
 
 
+# Why a sentinel refused a command, in words, for the reasons its ack carries without a detail.
+REFUSED = {
+    protocol.NO_RELAY: "this sentinel has no relay (relay.pin in its board config)",
+    protocol.SAFE_MODE: "the sentinel is in safe mode after a crash loop: its relay takes no commands",
+    protocol.TOO_SOON: "inside the relay's min_interval_ms of its last switch",
+    protocol.BUSY: "a pulse is still running",
+}
+
+
+def refusal(ack: dict[str, Any]) -> str:
+    """An ack's refusal as a person reads it: its reason, and what it means or the sentinel's detail."""
+    reason, detail = str(ack.get("reason")), ack.get("detail")
+    said = detail if detail and detail != reason else REFUSED.get(reason, "")
+    return f"{reason}: {said}" if said else reason
+
+
 def next_seq() -> int:
     global _last
     with _lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -258,7 +259,7 @@ def status(
             soft_wrap=True,
         )
     elif not u["configured"]:
-        out.print("host UPS: [yellow]none configured[/yellow] ([ups] nut or apcupsd)")
+        out.print("host UPS: [yellow]none configured[/yellow] (\\[ups] nut or apcupsd)")
     guess = "[yellow]" if u["guess"] else ""
     out.print(
         f"an emergency's deadline: {guess}{escape(u['deadline_from'])}{'[/yellow]' if guess else ''}", soft_wrap=True
@@ -326,7 +327,12 @@ def get(
 
     cfg = load_config(config)
     if what == "ups":
-        found = snapshot.ups(cfg, *read_once(cfg.ups))
+        if not cfg.ups.enabled:
+            raise fail(f"{config}: no [ups] to read (nut, apcupsd or runtime_s)")
+        reading, problem = read_once(cfg.ups)
+        if problem is not None:  # as upsc: the reason on stderr, a non-zero exit, nothing on stdout
+            raise fail(problem, FAILED)
+        found = snapshot.ups(cfg, reading, None)
     else:
         journal_exists(cfg)
         with Journal(cfg.journal.path, readonly=True) as j:
@@ -369,6 +375,9 @@ def outages(
     from holdover.events import duration
     from holdover.journal import Journal
     from holdover.web import outages as outages_mod
+
+    if not days > 0:  # NaN too
+        raise fail(f"--days {days:g}: give a number of days above 0")
 
     cfg = load_config(config)
     journal_exists(cfg)
@@ -437,7 +446,8 @@ def events(
         if exclude and not as_json:
             n = sum(snapshot.folded(j, exclude, sentinel, page, limit).values())
             if n:
-                typer.echo(f"({n} heartbeats in that span not listed: --routine lists them)", err=True)
+                sys.stdout.flush()  # the rows first, then the note apart from them (a terminal shows both)
+                typer.echo(f"\n({n} heartbeats in that span not listed: --routine lists them)", err=True)
         last = rows[-1].id if rows else 0
         try:
             while follow:
@@ -474,5 +484,5 @@ def relay(
     if ack.get("ok"):
         typer.echo(f"{sentinel}: {what}: ok (relay now {relay_now})")
         return
-    typer.echo(f"{sentinel}: {what}: refused: {ack.get('reason')}: {ack.get('detail')} (relay {relay_now})", err=True)
+    typer.echo(f"{sentinel}: {what}: refused: {commands.refusal(ack)} (relay {relay_now})", err=True)
     raise typer.Exit(FAILED)

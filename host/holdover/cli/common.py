@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from holdover import settings as settings_mod
@@ -67,7 +68,8 @@ def config_option(help_: str) -> Any:
         "-c",
         envvar=CONFIG_ENV,
         show_envvar=True,
-        help=f"{help_} Default: ${CONFIG_ENV}, else {DEFAULT_CONFIG}.",
+        # Escaped: rich takes "[mqtt]" for a style and prints nothing of it.
+        help=escape(f"{help_} Default: ${CONFIG_ENV}, else {DEFAULT_CONFIG}."),
     )
 
 

@@ -14,7 +14,11 @@ from holdover.errors import FAILED
 app = wing()
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, rich_help_panel=RUN)
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    options_metavar="[OPTIONS] -- CMD...",
+    rich_help_panel=RUN,
+)
 def launch(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name", "-n", help="Run name (tmux session holdover-NAME, log NAME.log)."),
@@ -81,6 +85,8 @@ def verify(directory: Path = typer.Argument(..., help="A checkpoint directory or
     """Check a checkpoint's files against its manifest (or find the newest good one under a root)."""
     from holdover.train import ckpt
 
+    if not directory.is_dir():
+        raise fail(f"{directory}: " + ("not a directory" if directory.exists() else "does not exist"))
     if (directory / ckpt.MANIFEST).exists():
         m = ckpt.verify(directory)
         typer.echo(f"{directory}: step {m.step}, {len(m.files)} files, {m.nbytes} bytes: OK")

@@ -103,6 +103,11 @@ class Journal:
         # readers too: a newer schema is refused by name, never misread or half taken over.
         self._refuse_newer()
         if self.readonly:
+            if not self._has_table("events"):  # an empty file, or one a bridge is making this moment
+                raise JournalError(
+                    f"{self.path} holds no journal yet (an empty file or database): "
+                    "has the bridge run with this config?"
+                )
             return
         self.db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a process crash; a power cut may lose the last few

@@ -41,7 +41,7 @@ UNREADABLE_AFTER = 3  # failed reads in a row before it is said (upsd restarting
 
 @dataclass(frozen=True)
 class UpsReading:
-    status: frozenset[str]  # NUT's words: OL, OB, LB, FSD, CHRG, DISCHRG, ...
+    status: tuple[str, ...]  # NUT's words in NUT's order (OB DISCHRG): OL, OB, LB, FSD, CHRG, ...
     charge: float | None  # percent
     runtime_s: float | None
     load: float | None  # percent
@@ -60,12 +60,12 @@ class UpsReading:
     def summary(self) -> dict[str, Any]:
         """The reading as events and the node's retained state carry it."""
         rt = None if self.runtime_s is None else round(self.runtime_s)
-        return {"status": " ".join(sorted(self.status)), "runtime_s": rt, "charge": self.charge}
+        return {"status": " ".join(self.status), "runtime_s": rt, "charge": self.charge}
 
     def describe(self) -> str:
         if self.fixed:
             return f"no UPS read; runtime_s = {self.runtime_s:.0f} s from the config (a guess)"
-        parts = [" ".join(sorted(self.status))]
+        parts = [" ".join(self.status)]
         if self.charge is not None:
             parts.append(f"{self.charge:.0f} %")
         parts.append(f"{self.runtime_s:.0f} s left" if self.runtime_s is not None else "no battery.runtime")
@@ -91,7 +91,7 @@ def reading(found: dict[str, str], fixed_runtime: float = 0.0) -> UpsReading:
         raise NutError("upsd has no data from the UPS's driver yet (WAIT)")
     runtime = _number(found, "battery.runtime")
     return UpsReading(
-        frozenset(words),
+        tuple(words),
         _number(found, "battery.charge"),
         runtime if runtime is not None else (fixed_runtime or None),
         _number(found, "ups.load"),
@@ -112,7 +112,7 @@ class UpsReader:
             host, port = self.s.nis_address()
             return reading(apcupsd.read(host, port, self.s.timeout_s), self.s.runtime_s)
         if not self.s.nut:
-            return UpsReading(frozenset(), None, self.s.runtime_s, None, time.time(), fixed=True)
+            return UpsReading((), None, self.s.runtime_s, None, time.time(), fixed=True)
         ups, host, port = self.s.address()
         try:
             if self._client is None:

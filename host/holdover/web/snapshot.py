@@ -104,7 +104,7 @@ def ups(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, A
         "configured": u.enabled,
         "name": u.name if u.enabled else None,
         "source": u.source or ("[ups] runtime_s" if u.runtime_s else None),
-        "status": " ".join(sorted(live.status)) if live else None,
+        "status": " ".join(live.status) if live else None,
         "on_battery": live.on_battery if live else None,
         "low": live.low(u.low_runtime_s) if live else None,
         "charge": live.charge if live else None,
