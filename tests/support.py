@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import socket
 import subprocess
@@ -304,3 +305,17 @@ def build_wheel(work: Path) -> Path:
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = dist.glob("holdover-*.whl")
     return wheel
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def blocks(doc: str, lang: str) -> list[str]:
+    """The fenced blocks of one language in a doc, in order: what a user is told to type."""
+    return re.findall(rf"^```{lang}\n(.*?)^```", (DOCS / doc).read_text(), flags=re.M | re.S)
+
+
+def the_block(doc: str, lang: str, starting: str) -> str:
+    found = [b for b in blocks(doc, lang) if b.startswith(starting)]
+    assert len(found) == 1, f"{doc}: one ```{lang} block starting {starting!r}, found {len(found)}"
+    return found[0]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from box import Box
-from test_docs_as_written import the_block
+
+from support import the_block
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -18,21 +18,7 @@ from pathlib import Path
 import pytest
 
 from holdover.lab import nut
-from support import KEY
-
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-def blocks(doc: str, lang: str) -> list[str]:
-    """The fenced blocks of one language in a doc, in order."""
-    return re.findall(rf"^```{lang}\n(.*?)^```", (DOCS / doc).read_text(), flags=re.M | re.S)
-
-
-def the_block(doc: str, lang: str, starting: str) -> str:
-    found = [b for b in blocks(doc, lang) if b.startswith(starting)]
-    assert len(found) == 1, f"{doc}: one ```{lang} block starting {starting!r}, found {len(found)}"
-    return found[0]
-
+from support import KEY, the_block
 
 LOGIN = """
 import socket, sys
