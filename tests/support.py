@@ -319,3 +319,43 @@ def the_block(doc: str, lang: str, starting: str) -> str:
     found = [b for b in blocks(doc, lang) if b.startswith(starting)]
     assert len(found) == 1, f"{doc}: one ```{lang} block starting {starting!r}, found {len(found)}"
     return found[0]
+
+
+def _param(p: Any) -> dict[str, Any]:
+    default = p.default
+    return {
+        "name": p.name,
+        "kind": type(p).__name__,
+        "opts": sorted(p.opts),
+        "secondary_opts": sorted(getattr(p, "secondary_opts", [])),
+        "required": p.required,
+        "default": default if isinstance(default, str | int | float | bool | type(None)) else str(default),
+        "is_flag": getattr(p, "is_flag", False),
+        "hidden": getattr(p, "hidden", False),
+        "help": getattr(p, "help", None),
+        "type": str(p.bare_type()),
+        "nargs": p.nargs,
+        "multiple": getattr(p, "multiple", False),
+    }
+
+
+def cli_surface() -> dict[str, Any]:
+    """Every command of `holdover`: its help and its parameters (tests/cli/test_cli_surface.py keeps
+    them as recorded; the wheel test runs each --help)."""
+    import typer.main
+
+    from holdover.cli import app
+
+    out: dict[str, Any] = {}
+
+    def walk(cmd: Any, path: str) -> None:
+        out[path] = {
+            "help": (cmd.help or "").strip(),
+            "params": sorted((_param(p) for p in cmd.params), key=lambda d: d["name"] or ""),
+            "context": {k: v for k, v in sorted(cmd.context_settings.items()) if k != "help_option_names"},
+        }
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            walk(sub, f"{path} {name}".strip())
+
+    walk(typer.main.get_command(app), "")
+    return out

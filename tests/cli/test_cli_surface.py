@@ -1,54 +1,17 @@
 """The `holdover` command's surface (every command, argument, option, default and help text) is the
 one recorded in tests/fixtures/cli_surface.json: a reshaping of cli/ that drops or renames anything
 a user or a script relies on fails here. Record anew, on purpose, with
-`python tests/cli/test_cli_surface.py > tests/fixtures/cli_surface.json`."""
+`PYTHONPATH=tests python tests/cli/test_cli_surface.py > tests/fixtures/cli_surface.json`."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
-from typing import Any
 
-import typer.main
+from support import cli_surface as surface
 
 RECORDED = Path(__file__).parents[1] / "fixtures" / "cli_surface.json"
-
-
-def _param(p: Any) -> dict[str, Any]:
-    default = p.default
-    return {
-        "name": p.name,
-        "kind": type(p).__name__,
-        "opts": sorted(p.opts),
-        "secondary_opts": sorted(getattr(p, "secondary_opts", [])),
-        "required": p.required,
-        "default": default if isinstance(default, str | int | float | bool | type(None)) else str(default),
-        "is_flag": getattr(p, "is_flag", False),
-        "hidden": getattr(p, "hidden", False),
-        "help": getattr(p, "help", None),
-        "type": str(p.bare_type()),
-        "nargs": p.nargs,
-        "multiple": getattr(p, "multiple", False),
-    }
-
-
-def surface() -> dict[str, Any]:
-    from holdover.cli import app
-
-    out: dict[str, Any] = {}
-
-    def walk(cmd: Any, path: str) -> None:
-        out[path] = {
-            "help": (cmd.help or "").strip(),
-            "params": sorted((_param(p) for p in cmd.params), key=lambda d: d["name"] or ""),
-            "context": {k: v for k, v in sorted(cmd.context_settings.items()) if k != "help_option_names"},
-        }
-        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
-            walk(sub, f"{path} {name}".strip())
-
-    walk(typer.main.get_command(app), "")
-    return out
 
 
 def test_every_command_and_option_is_as_recorded() -> None:

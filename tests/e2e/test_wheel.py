@@ -18,9 +18,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_cli_surface import surface
 
-from support import build_wheel
+from support import build_wheel, cli_surface
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
@@ -56,7 +55,11 @@ def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None
     # Every module in the tree is in the wheel (the firmware's too), and the page with its plots.
     names = set(zipfile.ZipFile(wheel).namelist())
     assert _modules_in_tree() - names == set(), "modules missing from the wheel"
-    for data in ("holdover/web/static/index.html", "holdover/web/static/vendor/uplot/uPlot.iife.min.js"):
+    for data in (
+        "holdover/web/static/index.html",
+        "holdover/web/static/icon.svg",
+        "holdover/web/static/vendor/uplot/uPlot.iife.min.js",
+    ):
         assert data in names, data
     version = re.match(r"holdover-([^-]+)-", wheel.name)[1]  # type: ignore[index]
 
@@ -96,7 +99,7 @@ def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None
 
     # One at a time: a burst of 28 interpreters starting at once starves the emulated boards of
     # the tests beside this one (their timing checks failed under it).
-    for argv in (path.split() for path in surface()):
+    for argv in (path.split() for path in cli_surface()):
         r = run("nice", "-n", "10", holdover, *argv, "--help")
         assert r.returncode == 0 and "Usage:" in r.stdout, f"holdover {' '.join(argv)} --help: {r.stdout}{r.stderr}"
         assert "Traceback" not in r.stdout + r.stderr

@@ -297,6 +297,10 @@ def test_the_dashboard_page_is_served_with_the_kinds_it_listens_for(api) -> None
     kinds = json.loads(r.text.split("const KINDS = ", 1)[1].split(";", 1)[0])
     assert "mains_lost" in kinds and "failover" in kinds and "checkpoint_verified" in kinds
     assert 'new EventSource("/api/events/stream")' in r.text
+    # The icon every browser asks for on every load (a 404 in the log each time before).
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml", icon
+    assert icon.text.startswith("<svg") and 'rel="icon" href="/favicon.ico"' in r.text
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -616,6 +620,7 @@ def test_the_slurm_tile_says_what_was_drained_and_what_became_of_each_job(tmp_pa
                 "holdover: mains lost at rack1 since 18:14",
             )
             assert [j["state"] for j in c["jobs"]] == ["saved at step 1200, requeued", "told to checkpoint"]
+            assert c["resumed_at"] is None
             with phone(client) as page:
                 tile = page.locator("#slurm")
                 tile.locator('[data-job="18"]').wait_for(timeout=10000)
@@ -624,5 +629,12 @@ def test_the_slurm_tile_says_what_was_drained_and_what_became_of_each_job(tmp_pa
                 assert "job 17 (llama, USR2): saved at step 1200, requeued" in text, text
                 assert "job 18 (vit, USR1): told to checkpoint" in text, text
                 page.locator("#slurm-box").screenshot(path=str(ARTIFACTS / "dashboard-slurm.png"))
+            # Power back and steady: the nodes resumed. The drain's since and reason are of the past
+            # now (they stayed, as if still in force); the jobs' fates stay to be read.
+            with Journal(tmp_path / "j.db") as j:  # as the controller's bridge writes it
+                j.host_event("node", "slurm_resumed", {"circuit": "rack1", "nodes": "gpu[01-04]", "count": 4})
+            [c] = client.get("/api/slurm").json()
+            assert (c["drained"], c["since"], c["reason"], c["age_s"]) == (False, None, None, None), c
+            assert c["resumed_at"] is not None and len(c["jobs"]) == 2, c
     finally:
         bt.stop()

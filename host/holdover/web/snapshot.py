@@ -144,12 +144,18 @@ def slurm(journal: Journal, cfg: Settings) -> list[dict[str, Any]]:
     for c in cfg.slurm.circuits:
         mine = [e for e in evs if e.data.get("circuit") == c.name]
         drains = [i for i, e in enumerate(mine) if e.kind == events.SLURM_DRAINED]
+        # since, reason, age_s: of a drain in force; resumed_at: when the last one ended.
         circuit: dict[str, Any] = {"circuit": c.name, "nodes": c.nodes, "drained": False, "jobs": []}
+        circuit.update(since=None, reason=None, age_s=None, resumed_at=None)
         if drains:
             last = mine[drains[-1]]
             after = mine[drains[-1] + 1 :]
-            circuit["drained"] = not any(e.kind == events.SLURM_RESUMED for e in after)
-            circuit.update(since=last.rx_ts, reason=last.data.get("reason"), age_s=_age(last.rx_ts))
+            resumed = next((e for e in after if e.kind == events.SLURM_RESUMED), None)
+            circuit["drained"] = resumed is None
+            if resumed is None:
+                circuit.update(since=last.rx_ts, reason=last.data.get("reason"), age_s=_age(last.rx_ts))
+            else:
+                circuit["resumed_at"] = resumed.rx_ts
             for j in last.data.get("jobs") or []:
                 ends = (e for e in after if e.kind != events.SLURM_RESUMED and e.data.get("job") == j["job"])
                 fate = next(ends, None)
