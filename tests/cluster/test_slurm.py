@@ -298,8 +298,9 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
                 text = out.read_text() if out.exists() else ""
                 lines = []
                 for x in text.splitlines():
-                    with contextlib.suppress(ValueError):  # one cut off mid-object by the kill
-                        lines.append(json.JSONDecoder().raw_decode(x)[0] if x.startswith('{"rank"') else {})
+                    if x.startswith('{"rank"'):
+                        with contextlib.suppress(ValueError):  # one cut off mid-object by the kill
+                            lines.append(json.JSONDecoder().raw_decode(x)[0])
                 return {x["rank"]: x["resumed"] for x in lines if "resumed" in x}
 
             # The first run said 0; the requeued one names the step it loaded, on both ranks.

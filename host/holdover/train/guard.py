@@ -408,8 +408,9 @@ class Guard:
         self.saver.finish()
         meta = self._meta(reason)
         t0 = time.monotonic()
+        direct = self.writer.direct(probe=reason == "periodic")  # its probe's I/O outside the boundary lock
         with self._lock:
-            directory, manifest, direct = self.writer.write(step, extra, meta, progress, rng)
+            directory, manifest = self.writer.write(step, extra, meta, progress, rng, direct)
             self._last = (step, directory, manifest)
         self.writer.learn_io(manifest, direct)
         self.writer.saved(step, directory, manifest, time.monotonic() - t0, reason, pin, prune)

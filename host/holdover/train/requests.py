@@ -74,8 +74,7 @@ class Requests:
                 for r in rids
                 if self.items[r]["requested"] - began <= window and (stopping or self.items[r].get("after") != "exit")
             ][:1]
-            for r in late:
-                self.queue.remove(r)
+            self.take(late)  # the condition's lock is reentrant
         return late
 
     def asks_exit(self, rids: list[str]) -> bool:

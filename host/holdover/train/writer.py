@@ -51,14 +51,13 @@ class Writer:
         meta: dict[str, Any],
         progress: ckpt.Progress | None,
         rng: Any,
-    ) -> tuple[Path, ckpt.Manifest, bool]:
-        """Captured and written (the caller holds the boundary): (directory, manifest, O_DIRECT?)."""
-        direct = self.direct(probe=meta.get("reason") == "periodic")
+        direct: bool,
+    ) -> tuple[Path, ckpt.Manifest]:
+        """Captured and written (the caller holds the boundary), O_DIRECT or not as `direct()` said."""
         shards, blobs = self.capture(step, extra, rng)
-        directory, manifest = ckpt.save(
+        return ckpt.save(
             self.root, step, shards, meta=meta, blobs=blobs, threads=self.threads, direct=direct, progress=progress
         )
-        return directory, manifest, direct
 
     def capture(
         self, step: int, extra: dict[str, Any] | None, rng: Any, on_device: bool = False
