@@ -21,7 +21,7 @@ import os
 import protocol
 
 RETRY_MIN_MS = 3000  # a receipt takes one broker round trip; this is several
-RETRY_MAX_MS = 60000
+RETRY_MAX_MS = protocol.RESEND_MAX_MS
 
 
 def ident(payload):

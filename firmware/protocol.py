@@ -70,6 +70,9 @@ ACK_KIND = "ack"
 # sentinel keeps each event until one names it (end-to-end, where PUBACK is only the broker's).
 EVACK_KIND = "evack"
 EVACK_MAX = 16  # events named in one receipt
+# The longest a sentinel waits before sending an unreceipted event again: an event named as
+# another's predecessor and not heard within this (and a margin) was lost, not late.
+RESEND_MAX_MS = 60000
 KINDS = EVENT_KINDS + (STATE_KIND, CMD_KIND, ACK_KIND, EVACK_KIND)
 
 # Rejection reasons, stable strings the journal and tests rely on.

@@ -150,7 +150,7 @@ def test_a_journal_that_cannot_write_holds_events_acts_once_and_journals_them_wh
         j.db.execute("PRAGMA query_only=1")  # every write now fails, as on a read-only mount
         event, journaled = j.take("mqtt", body(1))
         assert event is not None and event.id < 0 and not journaled
-        assert j.broken is not None and "attempt to write a readonly database" in j.broken
+        assert j.broken is not None and "read-only (SQLITE_READONLY)" in j.broken
         assert str(tmp_path / "j.db") in j.broken
         assert j.take("serial", body(1)) == (None, False)  # the same event again: had, not acted on twice
         beat, _ = j.take("mqtt", body(2, "heartbeat"), hold=False)

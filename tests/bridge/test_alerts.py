@@ -326,3 +326,23 @@ def test_bridges_of_one_site_alert_a_sentinel_once_each_its_own_node_and_the_nex
         finally:
             a.stop()
             b.stop()
+
+
+def test_an_alert_with_no_channel_says_whether_anyone_hears_it(tmp_path, caplog) -> None:
+    # The log said "to no channel (MQTT only)" while the broker was unreachable: nobody heard it.
+    caplog.set_level("INFO", logger="holdover.alerts")
+    broker_up: list[bool] = []
+    with Journal(tmp_path / "j.db") as j:
+        for mqtt, up in ((True, True), (True, False), (False, True)):
+            caplog.clear()
+            broker_up[:] = [up]
+            settings = AlertSettings.model_validate({"channels": [], "mqtt": mqtt})
+            Alerts(settings, j, publish=lambda _text: broker_up[0]).on_event(_event(j, protocol.MAINS_LOST))
+            [said] = [r.getMessage() for r in caplog.records]
+            if mqtt and up:
+                assert said == "alert 'Mains power lost at ups1' on MQTT holdover/alerts only (no channel for it)"
+            elif mqtt:
+                assert said.startswith("alert 'Mains power lost at ups1' reaches nobody yet: no channel for it, and ")
+                assert "the broker is unreachable (queued for MQTT holdover/alerts until it is back)" in said
+            else:
+                assert said.endswith("reaches nobody: no channel for it and [alerts] mqtt is off"), said

@@ -81,6 +81,8 @@ def test_an_event_that_names_a_predecessor_never_heard_is_logged_as_a_gap(tmp_pa
     s = Settings.model_validate({"journal": {"path": str(tmp_path / "j.db")}, "sentinels": [{"id": "s1", "key": key}]})
     b = Bridge(s)
     signer = protocol.Signer(key)
+    now = [100.0]
+    b.gaps.clock = lambda: now[0]
 
     def event(seq: int, prev: int | None) -> Inbound:
         data = {"on": True, "why": "command"} | ({"prev": prev} if prev else {})
@@ -90,10 +92,15 @@ def test_an_event_that_names_a_predecessor_never_heard_is_logged_as_a_gap(tmp_pa
     caplog.set_level(logging.WARNING, logger="holdover")
     assert b.handle(event(1, None)).accepted
     assert b.handle(event(3, 1)).accepted  # seq 2 was a state message: no gap, the chain holds
-    assert b.view("s1").gaps == 0
+    assert not b.gaps.open
     assert b.handle(event(7, 5)).accepted  # 5 was an event, and never came
-    assert b.view("s1").gaps == 1
-    assert "event gap in boot b00tb00t: seq 7 came before seq 5 was heard" in caplog.text
+    assert list(b.gaps.open) == [("s1", "b00tb00t", 5)]
+    b.gaps.judge()
+    assert not b.gaps.lost  # late until the sentinel's outbox has had its chance to send it again
+    now[0] += b.gaps.wait_s
+    b.gaps.judge()
+    assert b.gaps.lost == {"s1": 1}
+    assert "event gap in boot b00tb00t: seq 5, named by seq 7, not heard in 75 s: lost on the sentinel" in caplog.text
 
 
 def test_a_sentinel_off_the_network_but_heard_on_serial_is_a_path_warning_not_unwatched(rig_factory) -> None:

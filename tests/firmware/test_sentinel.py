@@ -145,7 +145,8 @@ def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
     assert any(e.kind == "mains_lost" and e.data.get("at_boot") for e in new)
     # The old boot's events arrived before the new boot's, as raised.
     assert max(e.id for e in evs if e.boot == boot_a) < min(e.id for e in new)
-    assert rig.bridge is not None and rig.bridge.bridge.view(rig.sid).gaps == 0  # each named its predecessor
+    gaps = rig.bridge.bridge.gaps if rig.bridge is not None else None
+    assert gaps is not None and not gaps.open and not gaps.lost  # each named its predecessor
 
 
 # --- the USB serial channel -----------------------------------------------------------------------

@@ -77,13 +77,26 @@ def test_the_banner_says_what_is_wrong_how_long_is_left_what_holdover_does_and_w
         _at(j, protocol.MAINS_RESTORED, "rack1", now)
         b = outages.banner(j)
         assert b["state"] == "normal" and b["text"] == "Back to normal. Last outage: power at rack1, 7 s"
+        assert b["concerns"] == []
+        # No outage, but not all well: the page's tiles show these, and the banner must not contradict them.
+        seen = [
+            {"sid": "rack1", "configured": True, "status": "online", "uplink": "degraded"},
+            {"sid": "rack2", "configured": True, "status": "offline", "uplink": None},
+            {"sid": "old", "configured": False, "status": None, "uplink": None},
+        ]
+        b = outages.banner(j, {"problem": "cannot reach upsd at 127.0.0.1:3493"}, None, seen)
+        assert b["state"] == "normal" and b["concerns"] == [
+            "uplink degraded at rack1",
+            "rack2 offline",
+            "host UPS: cannot reach upsd at 127.0.0.1:3493",
+        ], b
 
 
 @pytest.mark.timeout(120)
 def test_the_page_leads_with_the_cut_counts_it_shows_the_save_verified_and_then_the_outage(
     rig_factory, tmp_path: Path
 ) -> None:
-    from test_web import phone, serving
+    from test_web import OVERFLOW, phone, serving
 
     with Toy(tmp_path / "run", "--steps", "100000", "--step-sleep", "0.02", "--mb", "32", torch=False) as run:
         run.registration()
@@ -100,6 +113,14 @@ def test_the_page_leads_with_the_cut_counts_it_shows_the_save_verified_and_then_
             assert "deadline from [protect] runtime_default 600 s, a guess (no [ups])" in text, text
             first = page.locator('#banner [data-k="for"]').inner_text()
             page.screenshot(path=str(ARTIFACTS / "banner-grace.png"))
+            # The banner and the open outage's row tell one length, read in the same instant.
+            page.wait_for_selector('#outages tr[data-open="true"]', timeout=5000)
+            both = page.evaluate(
+                """() => [document.querySelector('#banner [data-k=for]').innerText,
+                          document.querySelector('#outages tr[data-open=true] [data-so-far]').innerText]"""
+            )
+            assert both[1] == both[0] + " so far", both
+            assert page.evaluate(OVERFLOW) <= 0  # the run's long checkpoint path wraps on a phone
             # The counter moves: a second later by the page's clock, which a loaded machine may run late.
             page.wait_for_function(
                 "first => document.querySelector('#banner [data-k=for]').innerText !== first", arg=first, timeout=5000
@@ -116,6 +137,8 @@ def test_the_page_leads_with_the_cut_counts_it_shows_the_save_verified_and_then_
             )
             row = page.locator('#outages tr[data-open="false"]').first
             assert "power at demo" in row.inner_text() and "toy @ step" in row.inner_text()
+            assert page.evaluate(OVERFLOW) <= 0
+            page.screenshot(path=str(ARTIFACTS / "banner-after-phone.png"), full_page=True)
             page.set_viewport_size({"width": 1280, "height": 900})  # a laptop
             page.screenshot(path=str(ARTIFACTS / "banner-after.png"), full_page=True)
         out = subprocess.run(
@@ -171,7 +194,9 @@ def test_two_hours_of_heartbeats_do_not_push_a_cut_off_the_first_screen(tmp_path
             with phone(client) as page:
                 page.wait_for_selector('#timeline li[data-kind="mains_lost"]', timeout=10000)
                 # The cut, its outage still open two hours on, leads the page; the heartbeats are a count.
-                assert page.locator("#banner").inner_text().startswith("POWER OUT: power at rack1\nfor 2:01:")
+                assert (
+                    page.locator("#banner").inner_text().startswith("POWER OUT: power at rack1\nfor 2 h 1 min (since")
+                )
                 assert "240 heartbeats" in page.locator("#folded").inner_text()
                 assert page.locator("#timeline li").first.get_attribute("data-kind") == "mains_lost"
                 # Filters and paging back: heartbeats listed on asking, 50 a page, then older ones.

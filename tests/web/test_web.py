@@ -208,10 +208,13 @@ def test_actions_are_off_when_no_token_is_configured(rig_factory) -> None:
 
 
 def test_holdover_bridge_serves_the_api_and_a_busy_port_is_not_its_end(tmp_path) -> None:
+    from holdover.lab.broker import Broker
+
     port = free_port()
     cfg = tmp_path / "h.toml"
+    broker = Broker(workdir=tmp_path / "broker").start()
     cfg.write_text(
-        f'[mqtt]\nport = {free_port()}\n[journal]\npath = "{tmp_path / "j.db"}"\n[web]\nport = {port}\n'
+        f'[mqtt]\nport = {broker.port}\n[journal]\npath = "{tmp_path / "j.db"}"\n[web]\nport = {port}\n'
         '[[sentinels]]\nid = "site"\nkey = "3c9e1f7a5b2d8c4e6f0a1b3d5e7c9a2f"\n'
     )
     log = (tmp_path / "bridge.log").open("w")
@@ -220,19 +223,27 @@ def test_holdover_bridge_serves_the_api_and_a_busy_port_is_not_its_end(tmp_path)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as c:
             wait_for(lambda: _ok(c), 15, "the bridge's API")
-            assert c.get("/healthz").json()["broker"] == "not connected"
+            wait_for(lambda: c.get("/healthz").json()["broker"] == "connected", 10, "the broker")
         log2 = (tmp_path / "second.log").open("w")
-        second = subprocess.Popen([HOLDOVER, "bridge", "-c", str(cfg)], stdout=log2, stderr=log2)
+        # Another client id: the broker would end the first's session for one with its own.
+        cfg2 = tmp_path / "second.toml"
+        cfg2.write_text(cfg.read_text().replace("[mqtt]\n", '[mqtt]\nclient_id = "second"\n'))
+        second = subprocess.Popen([HOLDOVER, "bridge", "-c", str(cfg2)], stdout=log2, stderr=log2)
         wait_for(lambda: "runs without its API" in (tmp_path / "second.log").read_text(), 15, "the warning")
         assert second.poll() is None  # still up: it protects runs without its dashboard
-        first.send_signal(signal.SIGTERM)
+        first.send_signal(signal.SIGINT)  # Ctrl-C
         assert first.wait(10) == 0
-        assert "bridge stopped" in (tmp_path / "bridge.log").read_text()
+        said = (tmp_path / "bridge.log").read_text()
+        assert "bridge stopped" in said
+        # Its own disconnect, said as such (it was "Normal disconnection (paho reconnects)").
+        assert f"disconnected from broker 127.0.0.1:{broker.port} (stopping)" in said, said
+        assert "reconnects" not in said, said
     finally:
         for p in (first, second):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait(5)
+        broker.close()
 
 
 def test_status_and_events_read_an_end_to_end_journal_with_the_bridge_down(rig_factory) -> None:
@@ -351,6 +362,24 @@ def test_the_dashboard_in_headless_chromium_shows_a_power_cut_within_2s(api, tmp
     assert shot.stat().st_size > 10_000
 
 
+# Each plot as drawn: its data, its scales, and how many pixels in its plotting area are one of its
+# series' colours (the axes' labels share the colours but lie outside that area). Canvas pixels are
+# what a person sees: a series squeezed into the last pixel of a 6 h axis counts a handful.
+PLOTS = """() => drawn.map((u) => {
+  const box = u.bbox, ctx = u.ctx, px = ctx.getImageData(box.left, box.top, box.width, box.height).data;
+  const colours = u.series.slice(1).map((s) => s.stroke()).map((c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
+  let marks = 0;
+  for (let i = 0; i < px.length; i += 4)
+    if (colours.some(([r, g, b]) => Math.abs(px[i] - r) + Math.abs(px[i + 1] - g) + Math.abs(px[i + 2] - b) < 60)) marks++;
+  const scales = Object.fromEntries(Object.entries(u.scales).map(([k, v]) => [k, [v.min, v.max]]));
+  return {chart: u.root.parentElement.dataset.chart, marks, scales, t: [u.data[0][0], u.data[0].at(-1)],
+          values: u.data.slice(1).map((v) => v.filter((x) => x != null))};
+})"""
+
+# Wider than the screen: a phone scrolls sideways.
+OVERFLOW = "() => document.documentElement.scrollWidth - window.innerWidth"
+
+
 def _browser(p):
     return p.chromium.launch(executable_path=CHROMIUM, args=QUIET, headless=True)
 
@@ -406,6 +435,25 @@ def test_battery_and_rtt_history_is_kept_and_plotted_on_the_page(rig_factory) ->
                     drawn.locator("canvas").wait_for(timeout=5000)
                     # At least what the API gave a moment ago: the sentinel may have sent a state since.
                     assert int(drawn.get_attribute("data-points")) >= six >= 1
+                # A minute of history in 30 s buckets: one or two points, each drawn where a person
+                # sees it, on an axis spanning the history rather than 6 empty hours.
+                for size in ((412, 915), (1280, 900)):
+                    page.set_viewport_size(dict(zip(("width", "height"), size, strict=True)))
+                    page.wait_for_function(  # redrawn for the new width (300 ms after the resize)
+                        "drawn.length === 2 && drawn[0].width === drawn[0].root.parentElement.clientWidth - 8",
+                        timeout=5000,
+                    )
+                    plots = page.evaluate(PLOTS)
+                    page.screenshot(path=str(ARTIFACTS / f"dashboard-few-points-{size[0]}.png"), full_page=True)
+                    assert [c["chart"] for c in plots] == ["demo/battery", "demo/probes"], plots
+                    for c in plots:
+                        # A dot or a line, not a stray pixel (a dot at 0 % loss is half below the axis).
+                        assert c["marks"] >= 12, c
+                        lo, hi = c["scales"]["x"]
+                        assert hi - lo <= 3600 and lo < c["t"][0], c
+                    cell = next(c for c in plots if c["chart"] == "demo/battery")["scales"]["V"]
+                    assert 2.5 <= cell[0] <= 3.0 and 4.2 <= cell[1] <= 4.5, cell  # a Li-ion cell's span
+                    assert page.evaluate(OVERFLOW) <= 0, size
                 legend = page.locator('.chart[data-chart="demo/battery"] .u-legend').inner_text()
                 assert "charge" in legend and "cell" in legend, legend
                 title = page.locator('.chart[data-chart="demo/battery"] .title').inner_text()
@@ -447,6 +495,18 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
                     text = page.locator("#ups").inner_text()
                     assert "ON BATTERY" in text and "91 %" in text and "7 min 30 s left" in text, text
                     assert "an emergency's deadline: UPS apcupsd@127.0.0.1: 450 s left" in text, text
+                    # The runtime axis starts at 0 and ends a round figure above the highest reading,
+                    # so the ticks bracket the 7.5 min left (it ticked 10 and 15 min alone).
+                    page.evaluate("history()")
+                    page.wait_for_function(
+                        "drawn.length && drawn[0].data[1].some((v) => v != null && Math.abs(v - 7.5) < 0.01)",
+                        timeout=5000,
+                    )
+                    [plot] = page.evaluate(PLOTS)
+                    assert plot["chart"] == "ups" and plot["marks"] >= 20, plot
+                    # 7.5 alone in its bucket: 0-9; with the 15 min read in an older one: 0-20.
+                    top = max(plot["values"][0])
+                    assert plot["scales"]["min"] == [0, 9 if top == 7.5 else 20], plot
                     # Each read is a point of the UPS's history (one per every_s; every read here).
                     wait_for(lambda: 450.0 in client.get("/api/ups/history").json()["runtime_s"], 5, "450 s plotted")
                     h = client.get("/api/ups/history").json()

@@ -97,7 +97,7 @@ class Alerts:
         self,
         settings: AlertSettings,
         journal: Journal,
-        publish: Callable[[str], None] | None = None,
+        publish: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.time,
         wan_down: Callable[[], bool] = lambda: False,
         dongle: Dongle | None = None,
@@ -110,7 +110,9 @@ class Alerts:
         self.dongle = dongle  # sends the dongle-sms:// channels
         self.journal = journal
         self.outbox = AlertOutbox(journal)
-        self.publish = publish  # the readable copy for MQTT holdover/alerts
+        # The readable copy for MQTT holdover/alerts; it answers whether the broker is there to
+        # take it now (paho queues it while not).
+        self.publish = publish
         self.clock = clock
         self.channels: dict[str, AlertChannelSettings] = {c.name: c for c in settings.channels}
         self._problems: dict[tuple[str, str], _Problem] = defaultdict(_Problem)
@@ -179,12 +181,25 @@ class Alerts:
                 self.journal.failed(f"queueing the alert {title!r}", e)
                 row = {"id": None, "channel": name, "severity": severity, "title": title, "body": body}
                 self._unjournaled.append({**row, "attempts": 0, "next_try": 0.0})
+        on_mqtt: bool | None = None  # None: not published at all
         if self.publish is not None and self.s.mqtt:
             try:
-                self.publish(f"{title}\n{body}")
+                on_mqtt = self.publish(f"{title}\n{body}")
             except Exception:  # the LAN copy failing must not keep the alert from the phones
                 log.exception("alert not published on MQTT")
-        log.info("alert %r to %s", title, ", ".join(sorted(to)) or "no channel (MQTT only)")
+        if to:
+            log.info("alert %r to %s", title, ", ".join(sorted(to)))
+        elif on_mqtt:
+            log.info("alert %r on MQTT %s only (no channel for it)", title, protocol.ALERTS)
+        elif on_mqtt is False:
+            log.warning(
+                "alert %r reaches nobody yet: no channel for it, and the broker is unreachable "
+                "(queued for MQTT %s until it is back)",
+                title,
+                protocol.ALERTS,
+            )
+        else:
+            log.warning("alert %r reaches nobody: no channel for it and [alerts] mqtt is off", title)
         self._nudge.set()
 
     def _retry(self, rows: list[dict[str, Any]], next_try: float, error: str, count: bool = True) -> None:

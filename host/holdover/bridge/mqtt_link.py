@@ -100,6 +100,7 @@ class MqttLink:
         self._in_flight: dict[int, str] = {}  # a QoS 1 publish's mid -> its topic, until the broker answers
         self._refused: set[str] = set()  # topics the broker refused, each logged once
         self._early: dict[int, object] = {}  # answers that came before publish() returned
+        self._stopping = False
 
     def start(self) -> None:
         # A persistent session: the broker queues QoS 1 events while the bridge is away (a week;
@@ -113,6 +114,7 @@ class MqttLink:
 
     def stop(self, last: tuple[str, bytes] | None = None) -> None:
         """Disconnect; `last`, retained, first (a clean disconnect sends no last will)."""
+        self._stopping = True  # the disconnect that follows is ours: no "paho reconnects"
         if last is not None and self.client.is_connected():
             with contextlib.suppress(RuntimeError, ValueError):
                 self.client.publish(last[0], last[1], qos=1, retain=True).wait_for_publish(2)
@@ -172,6 +174,9 @@ class MqttLink:
 
     def _on_disconnect(self, _c: paho.Client, _ud: object, flags: object, reason: object, _props: object) -> None:
         self.loop.call_soon_threadsafe(self.connected.clear)
+        if self._stopping:
+            log.info("disconnected from broker %s:%d (stopping)", *self._where)
+            return
         if getattr(flags, "is_disconnect_packet_from_server", True) or not self._connected_at:
             log.warning("disconnected from broker: %s (paho reconnects)", reason)
             return

@@ -17,6 +17,7 @@ from typing import Any
 from holdover import events
 from holdover.bridge import commands as command
 from holdover.bridge.alerts import Alerts
+from holdover.bridge.gaps import Gaps
 from holdover.bridge.gate import Gate, Verdict
 from holdover.bridge.history import UpsHistory
 from holdover.bridge.hooks import HookRunner
@@ -58,7 +59,6 @@ class SentinelView:
     events: int = 0
     rejected: int = 0
     duplicates: int = 0
-    gaps: int = 0  # events that arrived before the one they name as their predecessor
     last_ack: dict[str, Any] | None = None
     uplink_down: bool = False  # its site's internet, by its last uplink event
 
@@ -73,6 +73,7 @@ class Bridge:
     def __post_init__(self) -> None:
         # A journal that cannot be opened is a stand-in in memory, tried again: the bridge still acts.
         self.journal = Journal(self.settings.journal.path, standin=True)
+        self.gaps = Gaps(lambda k: k in self.journal.held or self.journal.event_source(*k) is not None)
         self._journal_said: str | None = None  # the breakage journal_broken was raised for
         self.gate = Gate(self.settings.keys(), self.journal)
         self.hooks = HookRunner(self.settings.hooks, self.journal, self.on_hook)
@@ -179,7 +180,7 @@ class Bridge:
                 if v.event.kind in (protocol.UPLINK_LOST, protocol.UPLINK_RESTORED):
                     view.uplink_down = v.event.kind == protocol.UPLINK_LOST  # before the alert is made
                 log.info("event %s from %s (boot %s seq %d)", v.event.kind, v.sid, v.event.boot, v.event.seq)
-                self._check_gap(view, v.event)
+                self.gaps.arrived(v.event)
                 self._react(v.event)
         if v.receipt is not None and v.sid is not None:
             self._receipt(v.sid, v.receipt, item)
@@ -228,6 +229,7 @@ class Bridge:
             await asyncio.sleep(self.JOURNAL_RETRY_S)
             try:
                 self._journal_watch_once()
+                self.gaps.judge()
             except Exception:  # the watch must outlive anything the journal throws at it
                 log.exception("journal watch")
 
@@ -274,9 +276,11 @@ class Bridge:
         if self.link is not None:
             self.link.publish(topic, payload, retain=retain)
 
-    def _publish_alert(self, text: str) -> None:
-        if self.link is not None:
-            self.link.publish(protocol.ALERTS, text.encode())
+    def _publish_alert(self, text: str) -> bool:
+        if self.link is None:
+            return False
+        self.link.publish(protocol.ALERTS, text.encode())
+        return self.link.connected.is_set()
 
     def _node_uplinks(self, state: dict[str, Any]) -> None:
         """The node's uplink state, retained on MQTT for dashboards and phone apps on the LAN."""
@@ -285,20 +289,6 @@ class Bridge:
             body = {"node": self.settings.failover.node, "ts": round(time.time(), 3), **state}
             topic = protocol.node_topic(self.settings.failover.node, protocol.UPLINK)
             self.link.publish(topic, json.dumps(body).encode(), retain=True)
-
-    def _check_gap(self, view: SentinelView, event: Event) -> None:
-        # Events name the one before them; the outbox sends in order and again until receipted,
-        # so a missing one is late (a resend still coming) or was lost from the sentinel's RAM.
-        prev = event.data.get("prev")
-        if isinstance(prev, int) and prev > 0 and self.journal.event_source(event.sid, event.boot, prev) is None:
-            view.gaps += 1
-            log.warning(
-                "%s: event gap in boot %s: seq %d came before seq %d was heard (late, or lost on the sentinel)",
-                event.sid,
-                event.boot,
-                event.seq,
-                prev,
-            )
 
     def _host_event(self, sid: str, kind: str, data: dict[str, Any]) -> None:
         """An event the bridge raises about a sentinel (its presence): journaled, then to every reaction."""

@@ -225,18 +225,28 @@ def status(
     from rich.table import Table
 
     from holdover.events import duration
-    from holdover.journal import Journal
+    from holdover.journal import Journal, NoJournalYet
     from holdover.node import launch
     from holdover.node.ups import read_once
     from holdover.web import snapshot
 
     cfg = load_config(config)
-    journal_exists(cfg)
     reading, problem = read_once(cfg.ups)
-    with Journal(cfg.journal.path, readonly=True) as j:
+    path = cfg.journal.path
+    # Before the bridge ever ran there is no journal, but the UPS and the runs are there to show
+    # (a UPS-only box is read by `get ups` already): an empty journal stands in, and it is said.
+    note = None
+    try:
+        if not path.exists():
+            raise NoJournalYet(f"{path} does not exist")
+        j = Journal(path, readonly=True)
+    except NoJournalYet:
+        j, note = Journal(":memory:"), "none yet: the bridge has not run with this config"
+    with j:
         st = {
             "config": str(config.resolve()),
-            "journal": str(cfg.journal.path),
+            "journal": str(path),
+            "journal_note": note,
             "ups": snapshot.ups(cfg, reading, problem),
             "sentinels": snapshot.sentinels(j, [s.id for s in cfg.sentinels]),
             "runs": launch.recover(cfg.protect.registry),
@@ -249,6 +259,8 @@ def status(
         return
     out = Console()
     out.print(f"[dim]config {escape(st['config'])} · journal {escape(st['journal'])}[/dim]", soft_wrap=True)
+    if st["journal_note"]:
+        out.print(f"[yellow]journal: {escape(st['journal_note'])}[/yellow]: nothing heard or done yet", soft_wrap=True)
     u = st["ups"]
     if problem:
         out.print(f"host UPS {escape(u['name'])}: [red]{escape(problem)}[/red]", soft_wrap=True)

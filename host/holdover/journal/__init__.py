@@ -60,6 +60,11 @@ class JournalError(HoldoverError):
     exit_code = USAGE
 
 
+class NoJournalYet(JournalError):
+    """The file is there but holds no journal (0 bytes, or none of holdover's tables): the bridge
+    has not written it yet, or is making it this moment."""
+
+
 HOST_BOOT = "host"  # the boot of events the bridge raises itself (sentinel_offline, ...)
 HOST_SOURCE = "bridge"
 PAYLOAD_KEEP = 1024  # bytes of a rejected payload kept as evidence
@@ -85,7 +90,7 @@ class Journal:
             self.db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
             self.db.executescript(SCHEMA)
             self.durable = False
-            self._broke(unusable(self.path, e) + f" ({cause(e)})")
+            self._broke(unusable(self.path, e, writing=True))
 
     def _open(self, path: str) -> None:
         if self.readonly:
@@ -104,7 +109,7 @@ class Journal:
         self._refuse_newer()
         if self.readonly:
             if not self._has_table("events"):  # an empty file, or one a bridge is making this moment
-                raise JournalError(
+                raise NoJournalYet(
                     f"{self.path} holds no journal yet (an empty file or database): "
                     "has the bridge run with this config?"
                 )
@@ -297,7 +302,7 @@ class Journal:
                     with contextlib.suppress(Exception):
                         self.db.close()
                 self.db = standin
-                self.broken = unusable(self.path, e) + f" ({cause(e)})"
+                self.broken = unusable(self.path, e, writing=True)
                 return None
             standin.close()
             self.durable = True

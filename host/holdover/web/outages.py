@@ -118,21 +118,41 @@ def _describe(o: dict[str, Any], rescues: list[dict[str, Any]], steps: list[dict
             o["final_command"] = True
 
 
+def concerns(sentinels: list[dict[str, Any]], ups: dict[str, Any] | None = None) -> list[str]:
+    """What is not an outage but is not normal either, in a few words each: the tiles show it, and
+    a banner saying "All normal" above them would contradict them."""
+    out = []
+    for s in sentinels:
+        if s.get("configured") and s.get("status") in (None, "offline"):
+            out.append(f"{s['sid']} {'not heard yet' if s.get('status') is None else 'offline'}")
+        elif s.get("status") == "serial only":
+            out.append(f"{s['sid']} heard over USB serial only")
+        if s.get("uplink") in ("degraded", "down"):
+            out.append(f"uplink {s['uplink']} at {s['sid']}")
+    if ups and ups.get("problem"):
+        out.append(f"host UPS: {ups['problem']}")
+    elif ups and ups.get("on_battery"):
+        out.append("host UPS on battery")
+    return out
+
+
 def banner(
     journal: Journal,
     ups: dict[str, Any] | None = None,
     rescue: dict[str, Any] | None = None,
+    sentinels: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The page's first line: what is wrong and since when, the host's time left, what holdover is
     doing, and what to do; or, after one, how long it lasted and what was saved.
 
-    `ups` is snapshot.ups(); `rescue` the Rescuer's view()."""
+    `ups` is snapshot.ups(); `rescue` the Rescuer's view(); `sentinels` snapshot.sentinels(), whose
+    lesser troubles (an uplink degraded, a sentinel gone quiet) keep the line from saying all is well."""
     found = history(journal, limit=5)
     now = time.time()
     current = [o for o in found if o["open"]]
     if not current:
         last = found[0] if found else None
-        out: dict[str, Any] = {"state": "normal", "last": last}
+        out: dict[str, Any] = {"state": "normal", "last": last, "concerns": concerns(sentinels or [], ups)}
         if last:
             saved = ", ".join(f"{s['run']} at step {s['step']}" for s in last["saved"])
             out["text"] = f"Back to normal. Last outage: {last['what']}, {duration(last['length_s'])}" + (

@@ -25,4 +25,5 @@ async def list_outages(
 @router.get("/now")
 async def banner(b: Bridge = Depends(bridge)) -> dict[str, Any]:
     """What is wrong and since when, the host's time left, what holdover is doing, what to do."""
-    return outages.banner(b.journal, snapshot.watched_ups(b.settings, b.ups), b.rescuer.view())
+    seen = snapshot.sentinels(b.journal, [s.id for s in b.settings.sentinels])
+    return outages.banner(b.journal, snapshot.watched_ups(b.settings, b.ups), b.rescuer.view(), seen)

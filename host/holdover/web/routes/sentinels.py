@@ -21,8 +21,9 @@ def _all(b: Bridge) -> list[dict[str, Any]]:
     out = snapshot.sentinels(b.journal, [s.id for s in b.settings.sentinels])
     for s in out:
         view = b.sentinels.get(s["sid"])
+        lost = b.gaps.lost.get(s["sid"], 0)  # events named by a later one and never heard
         s["counters"] = (
-            {"events": view.events, "rejected": view.rejected, "duplicates": view.duplicates, "gaps": view.gaps}
+            {"events": view.events, "rejected": view.rejected, "duplicates": view.duplicates, "gaps": lost}
             if view
             else None
         )
