@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
-from common import wait
+from common import parse, wait
 
 from holdover.board.emulator import DEFAULT_HEAP
 from holdover.lab import nut
@@ -242,7 +242,7 @@ def main() -> int:
     ap.add_argument("--soak-min", type=float, default=9.0, help="keep each run of a bench under 10 minutes")
     ap.add_argument("--debounce-ms", type=int, default=300)
     ap.add_argument("--heap", default=DEFAULT_HEAP, help="the 64-bit port's equivalent of an ESP32's heap")
-    args = ap.parse_args()
+    args = parse(ap, parts="cuts,dips,nut", cuts=1, hz="50", ghost_hz="0", dips="40", dip_reps=1, nut_cuts=1)
     logging.getLogger("holdover").setLevel(logging.ERROR)  # the bridges' own notes would bury the figures
     parts = set(args.parts.split(","))
     ok = True
@@ -269,7 +269,7 @@ def main() -> int:
         if "soak" in parts:
             ok &= soak(args, work)
     print("all goals met" if ok else "GOALS MISSED")
-    return 0 if ok else 1
+    return 0 if ok or args.smoke else 1  # a smoke run checks the code path, not a verdict
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
+from common import parse
+
 from holdover import events
 from holdover.lab.netlab import BACKUP, PRIMARY, TARGET, NetLab
 from holdover.lab.stats import percentile
@@ -181,12 +183,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(ours.close(), mwan3.close())
     rows = {}
     for r in (ours, mwan3):
+        xs = r.latencies or [float("nan")]  # none asked of it (a smoke run leaves mwan3's minute out)
         rows[r.name] = {
             "params": r.params,
             "n": len(r.latencies),
-            "p50_s": round(statistics.median(r.latencies), 3),
-            "p95_s": round(percentile(r.latencies, 95), 3),
-            "max_s": round(max(r.latencies), 3),
+            "p50_s": round(statistics.median(xs), 3),
+            "p95_s": round(percentile(xs, 95), 3),
+            "max_s": round(max(xs), 3),
             "false_failovers": false[r.name],
             "probe_loss_pct": loss.get(r.name),
         }
@@ -199,7 +202,7 @@ def main() -> int:
     ap.add_argument("--mwan3-losses", type=int, default=4, help="hard losses for mwan3's defaults (each ~1 min)")
     ap.add_argument("--soak-s", type=float, default=60.0)
     ap.add_argument("--json", type=Path, help="also write the figures here")
-    args = ap.parse_args()
+    args = parse(ap, losses=1, mwan3_losses=0, soak_s=2.0)
     t0 = time.monotonic()
     rows = asyncio.run(bench(args))
     print()
@@ -211,12 +214,12 @@ def main() -> int:
     ratio = rows["mwan3"]["p50_s"] / rows["ours"]["p50_s"]
     print(f"probe loss seen on wan0 over the run: {rows['ours']['probe_loss_pct']} (ours)")
     print(f"mwan3's defaults take {ratio:.1f}x ours (p50) from loss to traffic on the backup")
-    ok = ratio >= 10 and rows["ours"]["false_failovers"][20] == 0
+    ok = ratio >= 10 and rows["ours"]["false_failovers"][20] == 0  # False for a NaN: no verdict without both
     took = time.monotonic() - t0
     print(f"goal >= 10x and 0 false failovers at 20 %: {'met' if ok else 'NOT met'}; the bench took {took:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "ratio": round(ratio, 1), "goal_met": ok}, indent=2))
-    return 0 if ok else 1
+    return 0 if ok or args.smoke else 1  # a smoke run checks the code path, not a verdict
 
 
 if __name__ == "__main__":

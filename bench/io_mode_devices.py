@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 from checkpoint_throughput import Cache, build
+from common import parse
 
 from holdover.train import ckpt, state
 from holdover.train.ckpt import iomode
@@ -126,7 +127,7 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp/holdover-iomode"))
     ap.add_argument("--no-ram-disk", action="store_true", help="leave out the loop device over /dev/shm (needs root)")
     ap.add_argument("--no-drop-caches", action="store_true")
-    args = ap.parse_args()
+    args = parse(ap, gb=0.02, rounds=1, no_ram_disk=True, no_drop_caches=True)
     cache = Cache(not args.no_drop_caches)
     model, opt = build("model", args.gb)
     assert opt is not None
@@ -137,10 +138,15 @@ def main() -> int:
     print(f"{nbytes / 1e9:.2f} GB state, {args.rounds} rounds, median (range), MB/s request to durable", flush=True)
     rows = []
     with contextlib.ExitStack() as stack:
+        if args.smoke:  # beside a real run, never in its directory
+            args.dir = Path(tempfile.mkdtemp(prefix="holdover-iomode-smoke-"))
+            stack.callback(shutil.rmtree, args.dir, True)
         devices = [("disk", args.dir)]
         if not args.no_ram_disk:
             devices.append(("ram-disk", stack.enter_context(ram_disk(int(nbytes * 3.2)))))
-        devices.append(("tmpfs", Path(tempfile.mkdtemp(dir="/dev/shm", prefix="holdover-iomode-"))))
+        shm = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="holdover-iomode-"))
+        stack.callback(shutil.rmtree, shm, True)  # RAM: nothing of it may stay
+        devices.append(("tmpfs", shm))
         for name, where in devices:
             root = where / "ckpt"
             shutil.rmtree(root, ignore_errors=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
-from common import wait
+from common import parse, wait
 
 from holdover.bridge import nut_config
 from holdover.journal import Journal
@@ -61,10 +61,11 @@ def summary(name: str, xs: list[float]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cuts", type=int, default=12, help="cuts of each kind")
-    args = ap.parse_args()
+    args = parse(ap, cuts=1)
     rng = random.Random(11)
     with tempfile.TemporaryDirectory(prefix="holdover-bench-nut-") as tmp:
         work = Path(tmp)
+        work.chmod(0o755)  # upsd runs as nut, as packaged, and reads the served files below it
         serve_port = free_port()
         with nut.NutServer(work / "host-nut", {"hostups": ONLINE}) as host_ups:
             served = {

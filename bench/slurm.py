@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
-from common import wait
+from common import parse, wait
 
 from holdover.bridge.service import Bridge, BridgeThread
 from holdover.journal import Journal
@@ -88,7 +88,7 @@ def main() -> int:
     ap.add_argument("--cuts", type=int, default=20)
     ap.add_argument("--saves", type=int, default=3)
     ap.add_argument("--own-cuts", type=int, default=3)
-    args = ap.parse_args()
+    args = parse(ap, cuts=1, saves=1, own_cuts=1)
     told: list[float] = []
     missed = 0
     saved: list[float] = []
@@ -127,11 +127,26 @@ def main() -> int:
 
             rig.start_bridge(load(rig.dir / "holdover.toml"))
             time.sleep(2.0)  # connected and subscribed
+            # The sentinel's outbox sends the cuts of part 3 again (no bridge receipted them), up to a
+            # minute apart: once they are in, and what they drained is resumed, part 1 starts clean.
+            # Before this wait a late resend drained and signalled part 1's job before its cut.
+            wait("part 3's cuts journaled", lambda: len(events(rig, "mains_restored")) >= args.own_cuts, 90)
+            wait(
+                "what they drained resumed",
+                lambda: len(events(rig, "slurm_resumed")) >= len(events(rig, "slurm_drained")),
+                30,
+            )
+            wait("no node drained", lambda: all("drain" not in s for s, _ in lab.states().values()), 30)
+            print(f"part 3's cuts, sent again: {len(events(rig, 'slurm_drained'))} drain(s), then resumed", flush=True)
             # 1. Cut -> every rank told.
             sig = work / "sig"
             sig.mkdir()
             job = lab.run("sbatch", "--parsable", "-N2", "--wrap", TRAP.format(dir=sig)).strip()
-            wait("the trapping job running", lambda: running(lab, job), 30)
+            try:
+                wait("the trapping job running", lambda: running(lab, job), 30)
+            except TimeoutError:
+                print(lab.states(), lab.run("squeue", "-h", "-o", "%i %T %r"), flush=True)
+                raise
             time.sleep(0.5)
             for _ in range(args.cuts):
                 got = cut_and_restore(rig, lab, job, sig)

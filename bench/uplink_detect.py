@@ -30,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
+from common import parse
+
 from holdover.board.config_check import board_config  # the board's own rules, its siblings aliased
 from holdover.firmware import netio
 
@@ -178,7 +180,7 @@ def main() -> int:
     ap.add_argument("--soak-s", type=float, default=300.0)
     ap.add_argument("--loss", type=float, default=0.2)
     ap.add_argument("--heap", default="168K")
-    args = ap.parse_args()
+    args = parse(ap, losses=2, soak_s=3.0)
 
     ours = {k: defaults()[k] for k in MWAN3}
     print(f"ours (shipped defaults): {ours}")
@@ -211,7 +213,7 @@ def main() -> int:
     p95 = percentile(lat, 95)
     ok = p95 <= 3.0 and soak["alarms"] == 0
     print(f"goal p95 <= 3 s and 0 false alarms: {'met' if ok else 'NOT met'} (p95 {p95:.2f} s)")
-    return 0 if ok else 1
+    return 0 if ok or args.smoke else 1  # a smoke run checks the code path, not a verdict
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ EVENT_KINDS = (
     HEARTBEAT,
 )
 CRITICAL_KINDS = (MAINS_LOST, MAINS_RESTORED, BATTERY_LOW, BATTERY_CRITICAL, BATTERY_OK)
+# Events that report a state: within a boot, a later one of the same family makes an earlier one
+# that arrives after it (a resend) history, not news; the bridge journals it and acts on nothing.
+FAMILIES = ((MAINS_LOST, MAINS_RESTORED), (UPLINK_LOST, UPLINK_RESTORED), (BATTERY_LOW, BATTERY_CRITICAL, BATTERY_OK))
 # Sent as they happen and not kept: neither in the outbox nor in the chain of events ("prev").
 TRANSIENT_KINDS = (HEARTBEAT, MAINS_SUSPECT)
 # Message kinds that are not events: the state snapshot, a command, a command's answer.

@@ -181,7 +181,8 @@ class Bridge:
                     view.uplink_down = v.event.kind == protocol.UPLINK_LOST  # before the alert is made
                 log.info("event %s from %s (boot %s seq %d)", v.event.kind, v.sid, v.event.boot, v.event.seq)
                 self.gaps.arrived(v.event)
-                self._react(v.event)
+                if not self._superseded(v.event):
+                    self._react(v.event)
         if v.receipt is not None and v.sid is not None:
             self._receipt(v.sid, v.receipt, item)
         if self.journal.broken and self._journal_said is None:
@@ -289,6 +290,21 @@ class Bridge:
             body = {"node": self.settings.failover.node, "ts": round(time.time(), 3), **state}
             topic = protocol.node_topic(self.settings.failover.node, protocol.UPLINK)
             self.link.publish(topic, json.dumps(body).encode(), retain=True)
+
+    def _superseded(self, event: Event) -> bool:
+        """A state's event that came after a later one of its family (a resend, out of order after
+        this bridge was away): acting on it would open a cut that is over. Journaled, not acted on."""
+        family = next((f for f in protocol.FAMILIES if event.kind in f), None)
+        if family is None or (later := self.journal.later(event.sid, event.boot, event.seq, family)) is None:
+            return False
+        log.warning(
+            "%s: %s (seq %d) came after seq %d of its kind: journaled, not acted on (that state has passed)",
+            event.sid,
+            event.kind,
+            event.seq,
+            later,
+        )
+        return True
 
     def _host_event(self, sid: str, kind: str, data: dict[str, Any]) -> None:
         """An event the bridge raises about a sentinel (its presence): journaled, then to every reaction."""

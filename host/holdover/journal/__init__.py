@@ -324,6 +324,18 @@ class Journal:
         log.warning("journal %s writable again: %d held event(s) journaled", self.path, n)
         return n
 
+    def later(self, sid: str, boot: str, seq: int, kinds: Collection[str]) -> int | None:
+        """The newest seq of an event of `kinds` the sentinel raised after `seq` in the same boot
+        that is journaled (or held) already, or None."""
+        marks = ",".join("?" * len(kinds))
+        row = self.db.execute(
+            f"SELECT MAX(seq) FROM events WHERE sid=? AND boot=? AND seq>? AND kind IN ({marks})",
+            (sid, boot, seq, *kinds),
+        ).fetchone()
+        mine = (sid, boot)
+        held = [k[2] for k, (_, b) in self.held.events.items() if k[:2] == mine and k[2] > seq and b["kind"] in kinds]
+        return max((x for x in (row[0], *held) if x is not None), default=None)
+
     def event_source(self, sid: str, boot: str, seq: int) -> str | None:
         """The channel an already journaled event first came by, or None."""
         row = self.db.execute("SELECT source FROM events WHERE sid=? AND boot=? AND seq=?", (sid, boot, seq)).fetchone()
