@@ -102,9 +102,12 @@ def test_event_raised_while_the_broker_is_down_arrives_once_after_restart(rig_fa
     rig.wait("boot", 15)
     rig.broker.stop()
     rig.control.send(mains=False)
-    time.sleep(rig.debounce_ms / 1000 + 1.0)
-    st = rig.board_state()
-    assert st["mains"] is False and st["outbox_bytes"] > 0
+
+    def queued() -> bool:  # raised, and on the board's flash with nowhere to go
+        st = rig.board_state()
+        return st["mains"] is False and st["outbox_bytes"] > 0
+
+    wait_for(queued, 10, "mains_lost queued on the board")
     rig.broker.start()
     ev = rig.wait("mains_lost", 30)
     assert ev.info["data"]["on_battery"] is True
@@ -117,12 +120,17 @@ def test_a_reboot_on_battery_keeps_the_queue_and_its_order(rig_factory) -> None:
     rig = rig_factory()
     first = rig.wait("boot", 15)
     rig.broker.stop()
+
+    def mains(on: bool) -> None:  # the board has seen it (debounced) and queued its event
+        wait_for(lambda: rig.board_state()["mains"] is on, 10, f"the board's mains {on}")
+
     rig.control.send(mains=False)
-    time.sleep(rig.debounce_ms / 1000 + 0.5)
+    mains(False)
     rig.control.send(mains=True)
-    time.sleep(rig.debounce_ms / 1000 + 1.5)  # and the outbox's position saved (once a second)
+    mains(True)
+    time.sleep(1.5)  # the outbox's position saved (once a second): nothing on the board says when
     rig.control.send(mains=False)
-    time.sleep(rig.debounce_ms / 1000 + 0.5)
+    mains(False)
     raised = rig.board_state()
     assert raised["outbox_bytes"] > 0
     rig.control.raw(b'{"reset": true}')  # the supervisor boots it again, as the chip would
