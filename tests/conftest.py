@@ -43,17 +43,3 @@ def site_dir() -> Iterator[Path]:
     where.chmod(0o755)
     yield where
     shutil.rmtree(where, ignore_errors=True)
-
-
-# The wings whose tests run longest (the built wheel and its demo, the benches' smokes, Slurm and
-# multi-node jobs in namespaces): handed to the workers first, so a long one never starts last and
-# holds the end of the run while the other workers sit idle (the longest-first rule of scheduling).
-FIRST = ("e2e", "cluster")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def wing(item: pytest.Item) -> str:
-        parts = item.path.relative_to(Path(__file__).parent).parts
-        return parts[0] if len(parts) > 1 else ""
-
-    items.sort(key=lambda i: FIRST.index(w) if (w := wing(i)) in FIRST else len(FIRST))
