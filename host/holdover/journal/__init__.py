@@ -310,7 +310,7 @@ class Journal:
         try:
             with self.db:
                 self.db.execute("BEGIN IMMEDIATE")
-                for source, body in self.held.events.values():
+                for source, body in self.held.bodies():
                     if body["boot"] == HOST_BOOT:
                         self._host_insert(body)
                     else:
@@ -318,8 +318,7 @@ class Journal:
         except (sqlite3.Error, OSError) as e:
             self.broken = f"journal {self.path}: still cannot write: {cause(e)}"
             return None
-        n = len(self.held)
-        self.held.events.clear()
+        n = self.held.journaled()
         self.broken = None
         log.warning("journal %s writable again: %d held event(s) journaled", self.path, n)
         return n
@@ -332,9 +331,7 @@ class Journal:
             f"SELECT MAX(seq) FROM events WHERE sid=? AND boot=? AND seq>? AND kind IN ({marks})",
             (sid, boot, seq, *kinds),
         ).fetchone()
-        mine = (sid, boot)
-        held = [k[2] for k, (_, b) in self.held.events.items() if k[:2] == mine and k[2] > seq and b["kind"] in kinds]
-        return max((x for x in (row[0], *held) if x is not None), default=None)
+        return max((x for x in (row[0], *self.held.later(sid, boot, seq, kinds)) if x is not None), default=None)
 
     def event_source(self, sid: str, boot: str, seq: int) -> str | None:
         """The channel an already journaled event first came by, or None."""

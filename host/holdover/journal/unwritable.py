@@ -11,6 +11,7 @@ import os
 import sqlite3
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,20 @@ class Held:
 
     def __len__(self) -> int:
         return len(self.events)
+
+    def bodies(self) -> list[tuple[str, dict[str, Any]]]:
+        """What is held, oldest first: (source, body) as it came."""
+        return list(self.events.values())
+
+    def later(self, sid: str, boot: str, seq: int, kinds: Collection[str]) -> list[int]:
+        """The seqs held of `kinds` that `sid` raised after `seq` in `boot`."""
+        return [k[2] for k, (_, b) in self.events.items() if k[:2] == (sid, boot) and k[2] > seq and b["kind"] in kinds]
+
+    def journaled(self) -> int:
+        """Everything held is in the file now: let it go; how many that was."""
+        n = len(self.events)
+        self.events.clear()
+        return n
 
     def hold(self, source: str, body: dict[str, Any]) -> Event:
         while len(self.events) >= self.limit:
