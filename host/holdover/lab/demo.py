@@ -177,14 +177,15 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             rig.wait("uplink_restored", timeout=10, since=time.monotonic())
 
             flicker = max(debounce_ms // 3, 20)
-            tl.say("demo", f"a {flicker} ms flicker, shorter than the {debounce_ms} ms debounce: nothing should fire")
+            tl.say("demo", f"a {flicker} ms flicker, under the {debounce_ms} ms debounce: a suspicion, a dip, no cut")
             t = time.monotonic()
             rig.control.send(mains=False)
             time.sleep(flicker / 1000)
             rig.control.send(mains=True)
             time.sleep(debounce_ms / 1000 * 3)
             flickered = rig.count("mains_lost", since=t)
-            tl.say("demo", f"mains events raised by the flicker: {flickered}")
+            said = ", ".join(f"{rig.count(k, since=t)} {k}" for k in ("mains_suspect", "mains_dip", "mains_lost"))
+            tl.say("demo", f"the flicker raised {said}")
 
             tl.say("demo", "publishing a mains_lost forged with the wrong key")
             forged = protocol.encode(
@@ -200,8 +201,15 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             time.sleep(0.3)  # the last alerts' MQTT copies
             spy.loop_stop()
             spy.disconnect()
+            scripted = time.time()  # what is checked below ends here: cuts made by hand during --hold are the user's
             if hold_s > 0:
                 tl.say("demo", f"holding everything up for {hold_s:.0f} s: open {dashboard} (Ctrl-C ends it)")
+                host, port = rig.control_addr
+                tl.say(
+                    "demo",
+                    f"cut the mains by hand (the emulator's control port, docs/protocol.md): "
+                    f"echo '{{\"mains\": false}}' > /dev/tcp/{host}/{port}   (bash; true brings it back)",
+                )
                 with contextlib.suppress(KeyboardInterrupt):
                     time.sleep(hold_s)
         except (BrokerError, EmulatorError, TimeoutError, OSError) as e:
@@ -228,14 +236,21 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
         console.print(f"hook runs: {', '.join(r['outcome'] for r in runs)}")
         console.print(f"emergency checkpoints: {', '.join(r['state'] for r in rescues)}")
         console.print(f"alerts (on MQTT holdover/alerts; phones get them through apprise): {len(alerts)}")
-        ok = (
-            flickered == 0
-            and len(runs) == 2
-            and all(r["outcome"] == "ok" for r in runs)
-            and [r["reason"] for r in rejected] == ["bad_signature"]
-            and duplicates >= 1
-            and [r["state"] for r in rescues] == ["finished"]
-            and len(alerts) >= 4
-        )
-        console.print("[bold green]demo complete[/]" if ok else "[bold red]demo finished with surprises[/]")
-        return 0 if ok else 1
+        runs = [r for r in runs if r["started"] <= scripted]
+        rescues = [r for r in rescues if r["started"] <= scripted]
+        checks = {
+            "the flicker raised no mains_lost": flickered == 0,
+            "two hook runs (mains_lost, mains_restored), both ok": len(runs) == 2
+            and all(r["outcome"] == "ok" for r in runs),
+            "the forged event refused as bad_signature": [r["reason"] for r in rejected if r["rx_ts"] <= scripted]
+            == ["bad_signature"],
+            "the replay dropped as a copy": duplicates >= 1,
+            "one emergency checkpoint, finished": [r["state"] for r in rescues] == ["finished"],
+            "at least 4 alerts on MQTT": len(alerts) >= 4,
+        }
+        failed = [name for name, good in checks.items() if not good]
+        if not failed:
+            console.print("[bold green]demo complete[/]")
+            return 0
+        console.print("[bold red]demo finished with surprises:[/] not as expected: " + "; ".join(failed))
+        return 1
