@@ -109,6 +109,9 @@ def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "demo complete" in out
+    # Piped, every line whole: rich cut them at 80 columns, the title and the flicker's among them.
+    assert "== holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel ==" in out
+    assert re.search(r"the flicker raised \d+ mains_suspect, \d+ mains_dip, 0 mains_lost\n", out), out
     assert re.search(r"dashboard and API on http://127\.0\.0\.1:\d+/", out), out
     assert "GET /api/sentinels: demo online, mains False" in out  # the API, asked during the cut
     assert 'rejected: ["bad_signature"]' in out and "hook runs: ok, ok" in out

@@ -103,11 +103,14 @@ def _verified(journal: Path, timeout: float) -> dict[str, Any]:
 
 
 def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
-    console = Console()
+    # A line is never folded: piped or in a log, rich would cut every line at 80 columns (the
+    # title, and the command to cut the mains by hand, came out in pieces).
+    console = Console(soft_wrap=True)
     tl = Timeline(console)
     # The timeline already tells what the bridge did; its log lines would only repeat it.
     logging.getLogger("holdover").setLevel(logging.CRITICAL)
-    console.rule("holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel")
+    title = "holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel"
+    console.rule(title) if console.is_terminal else console.print(f"== {title} ==")
     with tempfile.TemporaryDirectory(prefix="holdover-demo-") as tmp:
         targets = [TcpTarget(), TcpTarget()]  # the "internet", on loopback
         rig = Rig(
@@ -229,7 +232,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             rejected = journal.rejections()
             runs = journal.hook_runs()
             rescues = RescueLedger(journal).rescues()
-        console.rule("journal")
+        console.rule("journal") if console.is_terminal else console.print("== journal ==")
         console.print(f"accepted events: {', '.join(e.kind for e in reversed(events))}")
         console.print(f"rejected: {json.dumps([r['reason'] for r in rejected])}")
         console.print(f"copies of journaled events dropped (resends, replays): {duplicates}")
