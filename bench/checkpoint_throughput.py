@@ -62,6 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from common import parse
 
 from holdover.train import ckpt, state
 from holdover.train.ckpt.engine import CHUNK
@@ -843,17 +844,11 @@ def main() -> int:
         help="also the field report's recipe (torch.save + fsync + MD5 read back): 15 s more; "
         "0.10-0.12 of the ceiling in every run so far",
     )
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="every case's code in seconds (a 20 MB state, 2 rounds, the Python grid, warm cache, a short pass "
-        "and loop): for the suite, so a bench that breaks fails it; its figures mean nothing",
-    )
-    args = ap.parse_args()
+    # --smoke: a 20 MB state, one round, the Python grid, a warm cache; below, a short pass and loop.
+    args = parse(ap, states="model:0.02", repeats=1, no_fio=True, no_drop_caches=True)
     if args.smoke:
         global PASS_S, SMOKE
         PASS_S, SMOKE = 0.05, True
-        args.states, args.repeats, args.no_fio, args.no_drop_caches = "model:0.02", 1, True, True
         args.dir = Path(tempfile.mkdtemp(prefix="holdover-bench-smoke-"))  # beside a real run, not in it
     cache = Cache(not args.no_drop_caches)
     shutil.rmtree(args.dir, ignore_errors=True)

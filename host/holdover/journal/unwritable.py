@@ -83,8 +83,8 @@ def unusable(path: Path, e: BaseException, writing: bool = False) -> str:
         why = "is not a holdover journal (not an SQLite file)"
     elif blocked is not None and not blocked.is_dir():
         why = f"cannot be made: {blocked} is not a directory"
-    elif isinstance(e, sqlite3.OperationalError) and "disk is full" in said:
-        return f"journal {path} cannot be written: the disk is full (SQLITE_FULL); free space on it"
+    elif getattr(e, "sqlite_errorname", None) == "SQLITE_FULL":
+        return f"journal {path} cannot be written: {cause(e)}; free space on it"
     elif writing and (os_said := e if isinstance(e, OSError) else why_not_writable(path)) is not None:
         return f"journal {path} cannot be written: {in_words(os_said)}; fix that or [journal] path in the config"
     elif not path.exists() and not path.parent.is_dir():

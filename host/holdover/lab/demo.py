@@ -109,8 +109,11 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
     tl = Timeline(console)
     # The timeline already tells what the bridge did; its log lines would only repeat it.
     logging.getLogger("holdover").setLevel(logging.CRITICAL)
-    title = "holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel"
-    console.rule(title) if console.is_terminal else console.print(f"== {title} ==")
+
+    def heading(title: str) -> None:  # a rule fills a terminal's width; in a pipe it would cut the title
+        console.rule(title) if console.is_terminal else console.print(f"== {title} ==")
+
+    heading("holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel")
     with tempfile.TemporaryDirectory(prefix="holdover-demo-") as tmp:
         targets = [TcpTarget(), TcpTarget()]  # the "internet", on loopback
         rig = Rig(
@@ -232,7 +235,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             rejected = journal.rejections()
             runs = journal.hook_runs()
             rescues = RescueLedger(journal).rescues()
-        console.rule("journal") if console.is_terminal else console.print("== journal ==")
+        heading("journal")
         console.print(f"accepted events: {', '.join(e.kind for e in reversed(events))}")
         console.print(f"rejected: {json.dumps([r['reason'] for r in rejected])}")
         console.print(f"copies of journaled events dropped (resends, replays): {duplicates}")
