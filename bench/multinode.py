@@ -140,7 +140,7 @@ def main() -> int:
     ap.add_argument("--stall-save", type=float, default=3.0)
     ap.add_argument("--every", type=int, default=100, help="torchrun alone: a periodic save every N steps")
     ap.add_argument("--pg-timeout", type=float, default=60.0)
-    args = parse(ap, cuts=1, losses=1, pg_timeout=15.0)
+    args = parse(ap, cuts=1, losses=1, stall_save=1.0, every=10, pg_timeout=10.0)
     with tempfile.TemporaryDirectory() as tmp, ClusterNet(2) as net:
         print(f"holdover: {args.cuts} power cuts, sentinel debounce 0.3 s, bridges' grace {args.grace} s")
         cuts = holdover_cuts(net, Path(tmp) / "cuts", args.cuts, args.grace)

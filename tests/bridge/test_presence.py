@@ -26,10 +26,10 @@ def test_a_sentinel_that_drops_off_and_comes_back_is_two_journaled_events_that_h
 ) -> None:
     ran = tmp_path / "ran"
     hook = {"events": ["sentinel_offline", "sentinel_online"], "run": f"echo $HOLDOVER_EVENT >> {ran}"}
-    rig = rig_factory(hooks=[hook])
+    rig = rig_factory(hooks=[hook], keepalive_s=2)
     rig.wait("boot", 15)
     assert _host_events(rig.dir, "sentinel_online") == []  # first sight of an online sentinel: nothing to say
-    rig.control.send(wlan=False)  # silent, not closed: the broker's keepalive (1.5 x 5 s) fires the will
+    rig.control.send(wlan=False)  # silent, not closed: the broker's keepalive (1.5 x 2 s) fires the will
     off = wait_for(lambda: _host_events(rig.dir, "sentinel_offline"), 15, "sentinel_offline")[0]
     assert off.sid == rig.sid and off.data["was"] == "online"
     rig.control.send(wlan=True)
@@ -104,13 +104,13 @@ def test_an_event_that_names_a_predecessor_never_heard_is_logged_as_a_gap(tmp_pa
 
 
 def test_a_sentinel_off_the_network_but_heard_on_serial_is_a_path_warning_not_unwatched(rig_factory) -> None:
-    rig = rig_factory(serial=True, heartbeat_s=2, bridge=False, emulator=False)
+    rig = rig_factory(serial=True, heartbeat_s=1, keepalive_s=2, bridge=False, emulator=False)
     cfg = rig.bridge_config()
-    cfg["serial"] = [{"url": rig.serial_url, "silent_after_s": 6}]
+    cfg["serial"] = [{"url": rig.serial_url, "silent_after_s": 3}]
     rig.start_bridge(Settings.model_validate(cfg))
     rig.start_emulator()
     rig.wait("boot", 15)
-    rig.control.send(wlan=False)  # the will fires after 1.5 x 5 s; heartbeats still come over serial
+    rig.control.send(wlan=False)  # the will fires after 1.5 x 2 s; heartbeats still come over serial
     down = wait_for(lambda: _host_events(rig.dir, "sentinel_path_down"), 20, "sentinel_path_down")[0]
     assert down.data == {"path": "MQTT", "via": f"serial {rig.serial_url}"}
     with Journal(rig.dir / "journal.db", readonly=True) as j:

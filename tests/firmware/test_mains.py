@@ -31,7 +31,10 @@ def test_mains_lost_fires_on_time_through_ghost_edges(rig_factory, ghost_hz: int
     # refuses to count the stall as evidence of a loss, and reports that much later.
     held_up = rig.board_state()["loop_stalled_ms"] - stalled
     # (A clean clone's run here once reported 327 ms with held_up 0: 2 ms past the old bound.)
-    assert DEBOUNCE_MS - CYCLE_MS <= late <= DEBOUNCE_MS + CYCLE_MS + SAMPLE_MS + UNCOUNTED_MS + held_up, (
+    # The hold-up moves the stamps either way: 264 ms came with 35 ms held up (four test workers
+    # on two cores), early by 16 of them.
+    low = DEBOUNCE_MS - CYCLE_MS - held_up
+    assert low <= late <= DEBOUNCE_MS + CYCLE_MS + SAMPLE_MS + UNCOUNTED_MS + held_up, (
         late,
         held_up,
     )

@@ -554,15 +554,18 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
     lis = Listener(rig, ["homeassistant/#"])
     try:
         got = {}
+        node = f"holdover_{rig.sid}"
+        # The board sends them in a fixed order and empties the entities of older releases last
+        # (the switch "Relay"): that empty one says the set is complete.
+        last = f"homeassistant/switch/{node}/relay/config"
         deadline = time.monotonic() + 15
-        while len(got) < 7 and time.monotonic() < deadline:
+        while last not in got and time.monotonic() < deadline:
             try:
                 t, p, _r = lis.next(1)
             except TimeoutError:
                 continue
-            if p:  # an empty one removes an entity of an older release (the switch "Relay")
-                got[t] = json.loads(p)
-        node = f"holdover_{rig.sid}"
+            got[t] = json.loads(p) if p else None
+        assert got.pop(last, "never") is None, got.keys()
         assert set(got) == {
             f"homeassistant/binary_sensor/{node}/mains/config",
             f"homeassistant/sensor/{node}/battery_v/config",
