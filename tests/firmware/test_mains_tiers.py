@@ -56,10 +56,12 @@ def test_a_flicker_shorter_than_the_debounce_is_a_dip_with_its_length(rig_factor
     lengths = []
     for hold in (0.04, 0.15):
         t0 = time.monotonic()
+        stalled = rig.board_state()["loop_stalled_ms"]
         cut = rig.control.send(mains=False)["uptime_ms"]
         time.sleep(hold)
         back = rig.control.send(mains=True)["uptime_ms"]
         dip = rig.wait("mains_dip", 5, t0)
+        held_up = rig.board_state()["loop_stalled_ms"] - stalled
         # Its length from the edges: the one before the cut to the first of those that came back,
         # less a period; the edges fall on a 10 ms grid, so a period either way. An IRQ stamps the
         # edge that came back when the interpreter runs it: late by up to SLACK_MS on a busy host.
@@ -69,8 +71,10 @@ def test_a_flicker_shorter_than_the_debounce_is_a_dip_with_its_length(rig_factor
             back - cut,
         )
         # The control port's `uptime_ms` for the cut is read when the interpreter gets to it: on a
-        # busy host that reading is late too (seen: the last edge 15 ms before it, 3 ms past the grid).
-        assert cut - 10 - COUNT_MS - slack <= dip.info["data"]["last_pulse_ms"] <= cut + COUNT_MS + slack
+        # busy host that reading is late too (seen: the last edge 15 ms before it, 3 ms past the grid;
+        # and 47 ms before it with four test workers on two cores, when the board was held up).
+        low = cut - 10 - COUNT_MS - slack - held_up
+        assert low <= dip.info["data"]["last_pulse_ms"] <= cut + COUNT_MS + slack, (dip.info["data"], cut, held_up)
         lengths.append(dip.info["data"]["dip_ms"])
         time.sleep(0.3)
     assert rig.count("mains_lost") == 0 and rig.count("mains_suspect") == 2, lengths

@@ -5,6 +5,7 @@ real protected run saved during a cut on the emulated sentinel."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +16,8 @@ from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.rescue_ledger import RescueLedger
-from holdover.web import outages
+from holdover.settings import Settings
+from holdover.web import outages, snapshot
 from support import HOLDOVER, Toy
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -64,7 +66,12 @@ def test_the_banner_says_what_is_wrong_how_long_is_left_what_holdover_does_and_w
         b = outages.banner(j, ups, {"grace_until": now + 3, "active": [], "live": {}})
         assert (b["state"], b["what"], b["phase"]) == ("power", "power at rack1", "grace")
         assert 6 < b["for_s"] < 9 and 2 < b["grace_left_s"] <= 3
-        assert b["time_left"] == {"runtime_s": 460, "from": "UPS hostups: 460 s left", "guess": False}
+        assert b["time_left"] == {"runtime_s": 460, "from": "UPS hostups: 460 s left", "guess": False, "why": None}
+        # Without a UPS the guess runs down from the cut, and says why it is one in words.
+        guess = snapshot.ups(Settings(), None, None)
+        assert (guess["deadline_s"], guess["guess"], guess["guess_why"]) == (600, True, "no UPS configured")
+        left = outages.banner(j, guess)["time_left"]
+        assert 592 <= left["runtime_s"] <= 593 and left["why"] == "no UPS configured", left
         assert b["next"].startswith("Nothing yet")
         live = {"toy:1": {"name": "toy", "state": "saving", "bytes_done": 63, "bytes_total": 100}}
         b = outages.banner(j, ups, {"grace_until": None, "active": [{"id": 1, "deadline": now + 400}], "live": live})
@@ -110,9 +117,16 @@ def test_the_page_leads_with_the_cut_counts_it_shows_the_save_verified_and_then_
             page.wait_for_selector("#banner.out", timeout=5000)
             text = page.locator("#banner").inner_text()
             assert "POWER OUT: power at demo" in text and "grace:" in text, text
-            assert "deadline from [protect] runtime_default 600 s, a guess (no [ups])" in text, text
+            # A countdown without a UPS too, its reason in words, the fix a link away (the UPS tile).
+            assert re.search(
+                r"about (10 min 0|9 min 5\d) s left, a guess: no UPS configured · read the host's UPS", text
+            ), text
+            assert "[protect]" not in text and "runtime_default" not in text, text
             first = page.locator('#banner [data-k="for"]').inner_text()
             page.screenshot(path=str(ARTIFACTS / "banner-grace.png"))
+            page.click("#banner a[href='#ups']")
+            assert "add [ups] with nut or apcupsd to holdover.toml" in page.locator("#ups").inner_text()
+            page.evaluate("window.scrollTo(0, 0)")
             # The banner and the open outage's row tell one length, read in the same instant.
             page.wait_for_selector('#outages tr[data-open="true"]', timeout=5000)
             both = page.evaluate(

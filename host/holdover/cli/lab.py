@@ -1,4 +1,5 @@
-"""The lab's commands: the firmware in the MicroPython unix port, and the whole chain as a demo."""
+"""The lab's commands: the firmware in the MicroPython unix port, the whole chain as a demo, and
+`holdover lab ...` to play with a held demo."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from holdover.cli.common import LAB, wing
+from holdover.cli.common import LAB, fail, wing
 
 app = wing()
 
@@ -65,3 +66,51 @@ def demo(
     from holdover.lab.demo import run_demo
 
     raise typer.Exit(run_demo(debounce_ms=debounce_ms, hold_s=hold))
+
+
+play = typer.Typer(
+    help="Play with a held demo (holdover demo --hold prints these with its port): cut the mains, flicker it, "
+    "drop the WiFi or the uplink beyond it.",
+    no_args_is_help=True,
+)
+app.add_typer(play, name="lab", rich_help_panel=LAB)
+PORT = typer.Option(..., "--port", "-p", help="The held demo's control port (the demo prints it).")
+
+
+def _ask(port: int, said: str, **cmd: object) -> None:
+    from holdover.lab.controls import ask
+
+    ask(port, cmd)
+    typer.echo(f"done: {said}")
+
+
+def _switch(value: str, on: str, off: str) -> bool:
+    if value not in (on, off):
+        raise fail(f"{value!r}: say {on} or {off}")
+    return value == on
+
+
+@play.command("mains")
+def lab_mains(state: str = typer.Argument(..., help="off (a cut) or on"), port: int = PORT) -> None:
+    """Cut the emulated sentinel's mains, or bring it back."""
+    _ask(port, f"mains {state}", mains=_switch(state, "on", "off"))
+
+
+@play.command("flicker")
+def lab_flicker(
+    ms: int = typer.Argument(100, min=1, max=2000, help="How long the mains is gone, ms."), port: int = PORT
+) -> None:
+    """A gap in the mains this long, timed on the board's own clock: under the debounce, a dip."""
+    _ask(port, f"a {ms} ms flicker", dip_ms=ms)
+
+
+@play.command("wifi")
+def lab_wifi(state: str = typer.Argument(..., help="off or on"), port: int = PORT) -> None:
+    """The sentinel's WiFi access point gone (MQTT silent; serial still speaks), or back."""
+    _ask(port, f"wifi {state}", wlan=_switch(state, "on", "off"))
+
+
+@play.command("uplink")
+def lab_uplink(state: str = typer.Argument(..., help="down or up"), port: int = PORT) -> None:
+    """The internet beyond the LAN gone (the sentinel's probe targets stop answering), or back."""
+    _ask(port, f"uplink {state}", uplink=_switch(state, "up", "down"))

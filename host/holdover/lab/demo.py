@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import json
 import logging
 import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +26,7 @@ from holdover.board.emulator import EmulatorError
 from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.lab.broker import BrokerError, free_port
+from holdover.lab.controls import LabControls
 from holdover.lab.rig import Rig, Seen
 from holdover.lab.targets import TcpTarget
 from holdover.node.rescue_ledger import RescueLedger
@@ -41,13 +45,42 @@ STYLE = {
 
 
 class Timeline:
+    """The demo's lines in time order. The board's and the bridge's come from their own threads,
+    stamped with when they happened, and may arrive after a later line (a hook's "ok" at 2.162 s
+    printed after 2.163 s): each is held HOLD_S and printed in order of its stamp."""
+
+    HOLD_S = 0.25
+
     def __init__(self, console: Console) -> None:
         self.console = console
         self.t0 = time.monotonic()
+        self._lines: list[tuple[float, int, str]] = []  # a heap, by stamp then arrival
+        self._n = itertools.count()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._printer = threading.Thread(target=self._print_due, name="timeline", daemon=True)
+        self._printer.start()
 
     def say(self, part: str, msg: str, at: float | None = None) -> None:
         t = (at if at is not None else time.monotonic()) - self.t0
-        self.console.print(f"[dim]{t:8.3f}s[/] [{STYLE.get(part, 'white')}]{part:<9}[/] {msg}", highlight=False)
+        text = f"[dim]{t:8.3f}s[/] [{STYLE.get(part, 'white')}]{part:<9}[/] {msg}"
+        with self._lock:
+            heapq.heappush(self._lines, (t, next(self._n), text))
+
+    def _print_due(self) -> None:
+        while not self._done.wait(0.05):
+            self._print(time.monotonic() - self.t0 - self.HOLD_S)
+
+    def _print(self, upto: float) -> None:
+        with self._lock:
+            while self._lines and self._lines[0][0] <= upto:
+                self.console.print(heapq.heappop(self._lines)[2], highlight=False)
+
+    def close(self) -> None:
+        """Everything said so far printed; before anything printed outside the timeline."""
+        self._done.set()
+        self._printer.join()
+        self._print(float("inf"))
 
     def line(self, line: str) -> None:
         if line.startswith("# "):
@@ -185,13 +218,16 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             flicker = max(debounce_ms // 3, 20)
             tl.say("demo", f"a {flicker} ms flicker, under the {debounce_ms} ms debounce: a suspicion, a dip, no cut")
             t = time.monotonic()
-            rig.control.send(mains=False)
-            time.sleep(flicker / 1000)
-            rig.control.send(mains=True)
+            # A gap in the emulated mains of exactly that long on the board's own clock: two
+            # control messages a sleep apart made it 100 ms plus their round trips (147 measured).
+            rig.control.send(dip_ms=flicker)
             time.sleep(debounce_ms / 1000 * 3)
-            flickered = rig.count("mains_lost", since=t)
-            said = ", ".join(f"{rig.count(k, since=t)} {k}" for k in ("mains_suspect", "mains_dip", "mains_lost"))
-            tl.say("demo", f"the flicker raised {said}")
+            kinds = (protocol.MAINS_SUSPECT, protocol.MAINS_DIP, protocol.MAINS_LOST)
+            flickered = tuple(rig.count(k, since=t) for k in kinds)
+            said = ", ".join(f"{n} {k}" for n, k in zip(flickered, kinds, strict=True))
+            dips = [s.info["data"]["dip_ms"] for s in list(rig.seen) if s.what == protocol.MAINS_DIP and s.at >= t]
+            measured = f" (the dip measured {dips[0]} ms)" if dips else ""
+            tl.say("demo", f"the flicker raised {said}{measured}")
 
             tl.say("demo", "publishing a mains_lost forged with the wrong key")
             forged = protocol.encode(
@@ -209,16 +245,9 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             spy.disconnect()
             scripted = time.time()  # what is checked below ends here: cuts made by hand during --hold are the user's
             if hold_s > 0:
-                tl.say("demo", f"holding everything up for {hold_s:.0f} s: open {dashboard} (Ctrl-C ends it)")
-                host, port = rig.control_addr
-                tl.say(
-                    "demo",
-                    f"cut the mains by hand (the emulator's control port, docs/protocol.md): "
-                    f"echo '{{\"mains\": false}}' > /dev/tcp/{host}/{port}   (bash; true brings it back)",
-                )
-                with contextlib.suppress(KeyboardInterrupt):
-                    time.sleep(hold_s)
+                _hold(tl, rig, targets, dashboard, hold_s)
         except (BrokerError, EmulatorError, TimeoutError, OSError) as e:
+            tl.close()
             console.print(f"[bold red]demo failed:[/] {e}")
             rig.close()
             return 1
@@ -235,6 +264,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             rejected = journal.rejections()
             runs = journal.hook_runs()
             rescues = RescueLedger(journal).rescues()
+        tl.close()
         heading("journal")
         console.print(f"accepted events: {', '.join(e.kind for e in reversed(events))}")
         console.print(f"rejected: {json.dumps([r['reason'] for r in rejected])}")
@@ -245,7 +275,9 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
         runs = [r for r in runs if r["started"] <= scripted]
         rescues = [r for r in rescues if r["started"] <= scripted]
         checks = {
-            "the flicker raised no mains_lost": flickered == 0,
+            f"the {flicker} ms flicker raised a mains_suspect and a mains_dip of its length (±15 ms), no mains_lost": (
+                flickered == (1, 1, 0) and len(dips) == 1 and abs(dips[0] - flicker) <= 15
+            ),
             "two hook runs (mains_lost, mains_restored), both ok": len(runs) == 2
             and all(r["outcome"] == "ok" for r in runs),
             "the forged event refused as bad_signature": [r["reason"] for r in rejected if r["rx_ts"] <= scripted]
@@ -260,3 +292,24 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             return 0
         console.print("[bold red]demo finished with surprises:[/] not as expected: " + "; ".join(failed))
         return 1
+
+
+def _hold(tl: Timeline, rig: Rig, targets: list[TcpTarget], dashboard: str, hold_s: float) -> None:
+    """Everything kept up for a person to play with, through the demo's own control port; what
+    they do is on the timeline and outside the verdict."""
+    controls = LabControls(rig.control, targets, lambda said: tl.say("demo", said))
+    me = sys.argv[0] if Path(sys.argv[0]).name == "holdover" else "holdover"
+    try:
+        tl.say("demo", f"holding everything up for {hold_s:.0f} s: open {dashboard} (Ctrl-C ends it)")
+        tl.say("demo", "play with it from another shell (what you do is on this timeline, outside the verdict):")
+        for cmd, what in (
+            ("mains off", "a power cut (mains on: power back)"),
+            ("flicker 100", "a 100 ms flicker: a suspicion and a dip, no cut"),
+            ("uplink down", "the internet beyond the LAN gone (uplink up: back)"),
+            ("wifi off", "the sentinel's WiFi gone: MQTT silent, serial still speaks (wifi on: back)"),
+        ):
+            tl.say("demo", f"  {me} lab {cmd} --port {controls.port}    # {what}")
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(hold_s)
+    finally:
+        controls.close()

@@ -139,6 +139,7 @@ class Runtime:
     said: str
     guess: bool  # [ups] runtime_s or [protect] runtime_default: not read from a UPS
     read: bool  # from a reading (a UPS, or [ups] runtime_s): counts from now, not from the cut
+    why: str = ""  # a guess's reason in a person's words, no config keys ("no UPS configured")
 
 
 def runtime_from(
@@ -150,11 +151,11 @@ def runtime_from(
 ) -> Runtime:
     """What an emergency's deadline is taken from, given the UPS's last reading (or the problem
     reading it): its runtime, the fixed [ups] runtime_s, or [protect] runtime_default with why."""
-    why = None
+    why = said = None
     if problem is not None:
         why = problem
     elif not ups.enabled:
-        why = "no [ups]"
+        why, said = "no [ups]", "no UPS configured"
     elif r is None:
         why = f"UPS {ups.name} not read yet"
     elif stale_after_s is not None and time.time() - r.at > stale_after_s:
@@ -162,9 +163,11 @@ def runtime_from(
     elif r.runtime_s is None:
         why = f"UPS {ups.name} reports no battery.runtime"
     if why is not None or r is None or r.runtime_s is None:
-        return Runtime(default, f"[protect] runtime_default {default:.0f} s, a guess ({why})", True, False)
+        return Runtime(default, f"[protect] runtime_default {default:.0f} s, a guess ({why})", True, False, said or why)
     if r.fixed:
-        return Runtime(r.runtime_s, f"[ups] runtime_s {r.runtime_s:.0f} s, a guess", True, True)
+        return Runtime(
+            r.runtime_s, f"[ups] runtime_s {r.runtime_s:.0f} s, a guess", True, True, "a fixed runtime, no UPS read"
+        )
     return Runtime(r.runtime_s, f"UPS {ups.name}: {r.runtime_s:.0f} s left", False, True)
 
 

@@ -172,10 +172,15 @@ def banner(
         out.update(doing="failover to a backup uplink, if one is configured", phase="uplink", next=NEXT["uplink"])
         return out
     if ups is not None:
+        left = ups.get("runtime_s")
+        if ups.get("guess") and ups.get("deadline_s") is not None:
+            # A guess is not a reading: it runs down from the cut, as the rescue's deadline does.
+            left = max(0, round(ups["deadline_s"] - (now - o["start"])))
         out["time_left"] = {
-            "runtime_s": ups.get("runtime_s"),
+            "runtime_s": left,
             "from": ups.get("deadline_from"),
             "guess": ups.get("guess"),
+            "why": ups.get("guess_why"),
         }
     rescue = rescue or {}
     live = rescue.get("live") or {}

@@ -113,7 +113,9 @@ def ups(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, A
         "read_age_s": _age(r.at) if r is not None else None,
         "problem": problem,
         "deadline_from": rt.said,
+        "deadline_s": round(rt.seconds),
         "guess": rt.guess,
+        "guess_why": rt.why or None,
     }
 
 
