@@ -71,7 +71,10 @@ class Soak:
             if measure:
                 self.latencies.append(rig.wait(kind, 10, since=t0).at - t0)
             else:
-                time.sleep(self.args.debounce_ms / 1000 + 0.1)
+                # With the bridge or broker down, on the board's own word: a fixed sleep past the
+                # debounce was short of it on a loaded host (a held-up VM does not count toward a
+                # loss), and the next transition made the cut a dip.
+                rig.wait_board(lambda st: st["mains"] is self.mains, 10, f"the board to see mains {self.mains}")
         else:
             self.uplink = not self.uplink
             for u in self.servers:

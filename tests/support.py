@@ -359,3 +359,41 @@ def cli_surface() -> dict[str, Any]:
 
     walk(typer.main.get_command(app), "")
     return out
+
+
+class Cgroup:
+    """A cgroup of a test's own (pids v1 or v2, whichever this machine mounts), so "nothing it
+    started outlives it" can be checked: descendants stay in it whatever their parent, their
+    environment or their command line, and daemons started by other tests at the same time are
+    not in it. `wrap(argv)` starts a command inside it; `left()` is what still runs there."""
+
+    ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
+
+    def __init__(self) -> None:
+        root = next((r for r in self.ROOTS if (r / "cgroup.procs").exists()), None)
+        if root is None:
+            pytest.fail("no cgroup hierarchy to put a command in (/sys/fs/cgroup)")
+        self.dir = root / f"holdover-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.dir.mkdir()
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return ["bash", "-c", f'echo $$ > {self.dir}/cgroup.procs && exec "$@"', "cgroup", *argv]
+
+    def left(self) -> list[str]:
+        out = []
+        for pid in (self.dir / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                out.append(f"{pid} {cmdline}")
+        return out
+
+    def close(self) -> None:
+        for pid in (self.dir / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), 9)
+        for _ in range(50):
+            try:
+                self.dir.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)

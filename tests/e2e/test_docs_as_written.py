@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from holdover.lab import nut
-from support import KEY, the_block
+from support import KEY, Cgroup, the_block
 
 LOGIN = """
 import socket, sys
@@ -130,3 +130,40 @@ def test_service_md_broker_on_debians_mosquitto_as_written(tmp_path: Path) -> No
     assert re.findall(r"process: (\S+) +(\S+)", out) == [("mosquitto", "mosquitto")], out
     assert "login holdover-bridge: ['Success']" in out, out
     assert "login anonymous: ['Not authorized']" in out, out
+
+
+@pytest.mark.skipif(not nut.available(), reason="needs Debian's nut-server (scripts/ensure-system-deps.sh)")
+def test_nuts_try_it_here_runs_the_ups_demo_to_its_verdict_and_leaves_nothing(tmp_path: Path) -> None:
+    block = the_block("nut.md", "sh", "holdover demo --ups")
+    assert block.strip() == "holdover demo --ups"
+    bin_dir = Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    group = Cgroup()
+    try:
+        r = subprocess.run(
+            group.wrap(["bash", "-c", block]), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150
+        )
+        # NUT's daemons, the board, the broker and the bridge's children all gone with it.
+        left = group.left()
+    finally:
+        group.close()
+    out = r.stdout + r.stderr
+    assert left == [], left
+    assert r.returncode == 0 and out.rstrip().endswith("demo complete"), out
+    for check in (
+        "ok: the deadline from the UPS's runtime, not a guess",
+        "ok: upsmon heard ONBATT",
+        "ok: an emergency checkpoint verified",
+        "ok: the final command at LB, and FSD to the secondary, which ran its shutdown",
+        "ok: power back served as OL",
+    ):
+        assert check in out, check
+    # The time left came from the UPS as it went on battery (420 s), not the guess or the OL reading.
+    assert re.search(r"GET /api/outages/now: UPS hostups: 420 s left, not a guess", out), out
+    heard = re.search(r"its SHUTDOWNCMD ran \(here it writes a line\); it heard (.*)\n", out)
+    assert heard and heard[1].startswith("ONBATT, ") and "FSD" in heard[1].split(", "), out  # LOWBATT too, either side
+    assert "/nas.password> secondary" in out, out  # the secondary's password never printed
+    assert re.search(r"serves holdover-demo as OL FSD \(FSD held until the bridge restarts", out), out
+    stamps = [float(x.split("s ", 1)[0]) for x in out.splitlines() if re.match(r" *\d+\.\d{3}s ", x)]
+    assert stamps == sorted(stamps), stamps
+    assert list(tmp_path.iterdir()) == [], "the demo left files where it was run"

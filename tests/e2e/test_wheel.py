@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support import build_wheel, cli_surface, wait_for
+from support import Cgroup, build_wheel, cli_surface, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
@@ -120,8 +120,9 @@ def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None
 
     # The README's first command, from the wheel, held: the commands it prints to play with it are
     # run as printed, and Ctrl-C ends it with the verdict on its own story.
+    group = Cgroup()  # what the demo starts stays in it, to be found if it outlives the demo
     demo = subprocess.Popen(
-        [holdover, "demo", "--hold", "90"],
+        group.wrap([holdover, "demo", "--hold", "90"]),
         cwd=away,
         env=env,
         stdout=subprocess.PIPE,
@@ -157,6 +158,9 @@ def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None
         demo.send_signal(signal.SIGINT)
         demo.wait(60)
         reader.join(10)
+        left = group.left()
+        group.close()
+    assert left == [], f"outlived the demo: {left}"
     out = "".join(lines)
     assert demo.returncode == 0 and "demo complete" in out, out
     for said in (
@@ -170,9 +174,6 @@ def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None
     # The timeline in time order, though its lines come from several threads.
     stamps = [float(x.split("s ", 1)[0]) for x in lines if re.match(r" *\d+\.\d{3}s ", x)]
     assert stamps == sorted(stamps) and len(stamps) > 40, stamps
-    # Nothing the demo started outlives it (its broker, board and bridge ran under holdover-demo-*).
-    left = subprocess.run(["pgrep", "-af", "holdover-demo-"], capture_output=True, text=True).stdout
-    assert left == "", left
     # Piped, every line whole: rich cut them at 80 columns, the title and the flicker's among them.
     assert "== holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel ==" in out
     # The flicker is 100 ms on the board's clock (a third of the debounce): a dip of that length

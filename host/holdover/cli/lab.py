@@ -61,8 +61,15 @@ def demo(
     hold: float = typer.Option(
         0.0, help="Keep everything up this many seconds at the end, to open the dashboard in a browser."
     ),
+    ups: bool = typer.Option(
+        False, "--ups", help="The host's UPS through NUT's own upsd, and a NUT client following the sentinel (root)."
+    ),
 ) -> None:
     """Run the whole chain locally: Mosquitto, an emulated sentinel, the bridge; cut and restore mains."""
+    if ups:
+        from holdover.lab.demo_ups import run_ups_demo
+
+        raise typer.Exit(run_ups_demo(hold_s=hold))
     from holdover.lab.demo import run_demo
 
     raise typer.Exit(run_demo(debounce_ms=debounce_ms, hold_s=hold))

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ STYLE = {
     "hook": "magenta",
     "broker": "blue",
     "alert": "bold red",
+    "ups": "bright_blue",
+    "upsmon": "cyan",
 }
 
 
@@ -107,12 +110,12 @@ def _attacker(rig: Rig) -> paho.Client:
     return c
 
 
-def _api(port: int, path: str) -> Any:
+def api_get(port: int, path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
         return json.load(r)
 
 
-def _trainee(tmp: Path) -> subprocess.Popen[str]:
+def start_trainee(tmp: Path) -> subprocess.Popen[str]:
     """The stand-in training run, registered in the demo's own registry."""
     cmd = [sys.executable, "-m", "holdover.lab.trainee", "--ckpt", str(tmp / "ckpt"), "--registry", str(tmp / "reg")]
     run = proc.spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
@@ -124,7 +127,7 @@ def _trainee(tmp: Path) -> subprocess.Popen[str]:
     return run
 
 
-def _verified(journal: Path, timeout: float) -> dict[str, Any]:
+def verified(journal: Path, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with Journal(journal, readonly=True) as j:
@@ -135,6 +138,13 @@ def _verified(journal: Path, timeout: float) -> dict[str, Any]:
     raise TimeoutError("no verified emergency checkpoint")
 
 
+def headings(console: Console) -> Callable[[str], None]:
+    def heading(title: str) -> None:  # a rule fills a terminal's width; in a pipe it would cut the title
+        console.rule(title) if console.is_terminal else console.print(f"== {title} ==")
+
+    return heading
+
+
 def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
     # A line is never folded: piped or in a log, rich would cut every line at 80 columns (the
     # title, and the command to cut the mains by hand, came out in pieces).
@@ -143,9 +153,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
     # The timeline already tells what the bridge did; its log lines would only repeat it.
     logging.getLogger("holdover").setLevel(logging.CRITICAL)
 
-    def heading(title: str) -> None:  # a rule fills a terminal's width; in a pipe it would cut the title
-        console.rule(title) if console.is_terminal else console.print(f"== {title} ==")
-
+    heading = headings(console)
     heading("holdover demo: a power cut, an uplink loss and a forged event on an emulated sentinel")
     with tempfile.TemporaryDirectory(prefix="holdover-demo-") as tmp:
         targets = [TcpTarget(), TcpTarget()]  # the "internet", on loopback
@@ -166,7 +174,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
         alerts: list[str] = []
         run = None
         try:
-            run = _trainee(Path(tmp))
+            run = start_trainee(Path(tmp))
             tl.say("demo", f"a training run (16 MB of weights, protected by holdover.train) is up: pid {run.pid}")
             tl.say("demo", "starting Mosquitto, the emulated ESP32 (MicroPython, an ESP32's heap) and the bridge")
             rig.start()
@@ -189,10 +197,10 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             rig.control.send(mains=False)
             done = rig.wait("hook:mains_lost", since=t).at - t
             tl.say("demo", f"mains_lost hook finished {done:.3f}s after the cut (debounce {debounce_ms} ms)")
-            [tile] = _api(rig.web.port, "/api/sentinels")
+            [tile] = api_get(rig.web.port, "/api/sentinels")
             tl.say("bridge", f"GET /api/sentinels: {tile['sid']} {tile['status']}, mains {tile['mains']}")
             tl.say("demo", "after the 1 s grace, the bridge asks the run for an emergency checkpoint")
-            v = _verified(rig.dir / "journal.db", 30)["detail"]
+            v = verified(rig.dir / "journal.db", 30)["detail"]
             tl.say(
                 "bridge",
                 f"emergency checkpoint verified: step {v['step']}, {v['bytes'] / 1e6:.1f} MB at {v['mb_s']:.0f} MB/s, "
@@ -245,7 +253,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             spy.disconnect()
             scripted = time.time()  # what is checked below ends here: cuts made by hand during --hold are the user's
             if hold_s > 0:
-                _hold(tl, rig, targets, dashboard, hold_s)
+                hold(tl, rig, targets, dashboard, hold_s)
         except (BrokerError, EmulatorError, TimeoutError, OSError) as e:
             tl.close()
             console.print(f"[bold red]demo failed:[/] {e}")
@@ -294,7 +302,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
         return 1
 
 
-def _hold(tl: Timeline, rig: Rig, targets: list[TcpTarget], dashboard: str, hold_s: float) -> None:
+def hold(tl: Timeline, rig: Rig, targets: list[TcpTarget], dashboard: str, hold_s: float) -> None:
     """Everything kept up for a person to play with, through the demo's own control port; what
     they do is on the timeline and outside the verdict."""
     controls = LabControls(rig.control, targets, lambda said: tl.say("demo", said))
@@ -305,7 +313,7 @@ def _hold(tl: Timeline, rig: Rig, targets: list[TcpTarget], dashboard: str, hold
         for cmd, what in (
             ("mains off", "a power cut (mains on: power back)"),
             ("flicker 100", "a 100 ms flicker: a suspicion and a dip, no cut"),
-            ("uplink down", "the internet beyond the LAN gone (uplink up: back)"),
+            *([("uplink down", "the internet beyond the LAN gone (uplink up: back)")] if targets else []),
             ("wifi off", "the sentinel's WiFi gone: MQTT silent, serial still speaks (wifi on: back)"),
         ):
             tl.say("demo", f"  {me} lab {cmd} --port {controls.port}    # {what}")
