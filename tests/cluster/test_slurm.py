@@ -8,13 +8,14 @@ import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from holdover.journal import Journal
 from holdover.lab import slurm as slurm_lab
-from holdover.lab.slurm import SlurmLab
+from holdover.lab.slurm import SlurmLab, pids_in
 from support import HOLDOVER, KEY, Mqtt5, wait_for
 
 needs_slurm = pytest.mark.skipif(
@@ -26,6 +27,17 @@ NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12", "n3": "198.51.100.13"}
 # and continues); a bash trap runs between two sleeps. Single-quoted for the batch shell: each
 # task, not the batch shell on the first node, names its node.
 TASK = """srun bash -c 'trap "echo $SLURM_JOB_ID > {dir}/sig-$SLURMD_NODENAME" USR2; while :; do sleep 0.1; done'"""
+
+
+@contextlib.contextmanager
+def slurm_cluster(nodes: dict[str, str]) -> Iterator[SlurmLab]:
+    """A SlurmLab, and nothing of it running once it is closed: a job's slurmstepd, srun and ranks
+    included (slurmstepd, in a session of its own and deaf to SIGTERM, outlived the lab by minutes)."""
+    with SlurmLab(nodes) as lab:
+        inside = lab.namespaces()
+        yield lab
+    left = pids_in(inside)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
 
 
 def _slurm(lab: SlurmLab, **more: object) -> dict:
@@ -55,7 +67,7 @@ def _running(lab: SlurmLab, job: str) -> bool:
 def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back_resumes_only_ours(
     rig_factory, tmp_path: Path
 ) -> None:
-    with SlurmLab(NODES) as lab:
+    with slurm_cluster(NODES) as lab:
         rig = rig_factory(bridge_extra=_slurm(lab, grace=1.5, resume_after_s=1.0, save_timeout_s=4, timeout_s=5))
         rig.wait("boot", 15)
         # A two-node job on n2 (in the circuit) and n3 (not): both its parts are told.
@@ -192,7 +204,7 @@ def test_the_bridge_refuses_a_circuit_naming_a_node_slurm_does_not_know(tmp_path
 
     from support import HOLDOVER
 
-    with SlurmLab({"n1": "198.51.100.11"}) as lab:
+    with slurm_cluster({"n1": "198.51.100.11"}) as lab:
         cfg = tmp_path / "holdover.toml"
         cfg.write_text(
             tomli_w.dumps(
@@ -224,7 +236,7 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
     from holdover.train import job as jobrec
 
     pytest.importorskip("torch")
-    with SlurmLab({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
+    with slurm_cluster({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
         more = {"grace": 0.5, "resume_after_s": 0.5, "then": "requeue", "save_timeout_s": 60}
         rig = rig_factory(bridge_extra=_slurm(lab, **more))
         nodes = []
@@ -342,7 +354,7 @@ def test_a_controller_killed_at_each_turn_of_a_cut_goes_on_from_slurm_and_its_jo
     assert r.returncode == 0, r.stderr
     pw = {u: (auth / f"{u}.password").read_text().strip() for u in ("demo", "holdover-node-n1", "holdover-node-n2")}
 
-    with SlurmLab({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
+    with slurm_cluster({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
         more = {"grace": 3, "resume_after_s": 3, "timeout_s": 5, "then": "requeue", "save_timeout_s": 300}
         rig = rig_factory(
             bridge=False,

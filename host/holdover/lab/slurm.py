@@ -18,6 +18,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -34,6 +35,18 @@ from holdover.lab.broker import free_port
 SUBNET = "198.51.100"  # TEST-NET-2: documentation only, never routed anywhere
 CTL = ("ctl", f"{SUBNET}.10")
 NODES = {"n1": f"{SUBNET}.11", "n2": f"{SUBNET}.12"}
+
+
+def pids_in(namespaces: set[int]) -> list[int]:
+    """The processes whose network namespace is one of these (by inode), this one never."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(d / "ns" / "net").st_ino in namespaces:
+                out.append(int(d.name))
+    return out
 
 
 def available() -> bool:
@@ -80,9 +93,31 @@ class SlurmLab:
         """Start a stopped daemon again as it first ran (its state is in its own files)."""
         self._start(name, *self._argv[name])
 
+    def namespaces(self) -> set[int]:
+        """The inodes of the lab's network namespaces: what a process in one of them holds."""
+        out = set()
+        for name in self.ns_names.values():
+            with contextlib.suppress(OSError):
+                out.add(os.stat(f"/run/netns/{name}").st_ino)
+        return out
+
     def __exit__(self, *exc: object) -> None:
+        inside = self.namespaces()
         for name in reversed(list(self._procs)):
             self.stop(name)
+        # What the daemons started and left: a job's slurmstepd runs in a session of its own,
+        # outlives slurmd's process group and ignores SIGTERM (seen alive 5 min after a lab
+        # closed, with the job's srun and ranks under it). Whatever still runs in the lab's
+        # namespaces is the lab's: TERM, then KILL.
+        for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+            left = pids_in(inside)
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait
+            while left and time.monotonic() < deadline:
+                time.sleep(0.05)
+                left = pids_in(inside)
         for ns in self._ns.values():
             ns.close()
         for name in self.ns_names.values():
