@@ -36,8 +36,10 @@ def test_a_cut_is_suspected_from_its_last_edge_then_lost(rig_factory, hz: int, c
     held_up = rig.board_state()["loop_stalled_ms"] - stalled
     last = suspect.info["data"]["last_pulse_ms"]
     # The last mains edge before the cut, as the watch saw it: at most a period before the cut and
-    # a sample after it (the counter is read every COUNT_MS; an IRQ runs when the VM gets to it).
-    assert cut - period - COUNT_MS <= last <= cut + COUNT_MS + (0 if counter else SLACK_MS), (last, cut)
+    # a sample after it (the counter is read every COUNT_MS; an IRQ runs when the VM gets to it),
+    # plus what a busy host adds to a reading of the board's clock on either path (a clean
+    # clone's run: 3 ms after the cut's stamp on the counter, no stall the board could count).
+    assert cut - period - COUNT_MS <= last <= cut + COUNT_MS + SLACK_MS, (last, cut)
     assert lost.info["data"]["last_pulse_ms"] == last  # the loss dates from the same edge
     gap = max(1.5 * period, 0 if counter else 25)
     assert suspect.info["ms"] - last <= gap + COUNT_MS + SLACK_MS + held_up, (suspect.info["ms"] - last, held_up)
