@@ -10,6 +10,7 @@ final command only write a line here.
 
 from __future__ import annotations
 
+import grp
 import logging
 import shutil
 import subprocess
@@ -33,11 +34,6 @@ ONLINE = {"ups.status": "OL", "battery.charge": "100", "battery.runtime": "900",
 CLIENT = "nas"  # the machine that follows the sentinel, as a lab names it in [nut_server] clients
 
 
-def _upsc(ups: str, port: int, var: str) -> str:
-    r = subprocess.run(["upsc", f"{ups}@127.0.0.1:{port}", var], capture_output=True, text=True, timeout=10)
-    return r.stdout.strip()
-
-
 def _until(what: str, test: Any, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -50,14 +46,12 @@ def _until(what: str, test: Any, timeout: float) -> Any:
 
 def missing() -> str | None:
     """What this machine lacks for the UPS demo, in words, or None."""
-    if not nut.available() or shutil.which("upsc") is None:
+    if not nut.available() or not (nut.NUT_BIN / "upsmon").exists():
         return (
             "the UPS demo runs Debian's own NUT: sudo apt-get install nut-server nut-client "
             "(their services need not run: the demo starts its own on loopback)"
         )
     try:
-        import grp
-
         grp.getgrnam("nut")
     except KeyError:
         return "the UPS demo runs NUT as its packaged user `nut`, and there is none: reinstall nut-server"
@@ -130,7 +124,7 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
             tl.say(
                 "bridge",
                 f"serves the sentinel as a UPS, {ups}@127.0.0.1:{serve_port}, through NUT's own upsd: "
-                f"{_upsc(ups, serve_port, 'ups.status')}",
+                f"{follower.read(ups).get('ups.status')}",
             )
             shown = monitor.replace(written.passwords[CLIENT], f"<{conf / (CLIENT + '.password')}>")
             tl.say("upsmon", f"a NUT secondary ({CLIENT}, as nut) follows it: {shown}")
@@ -183,8 +177,9 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
             host_ups.set("hostups", **{k.replace(".", "_"): v for k, v in ONLINE.items()})
             rig.wait("mains_restored", since=t)
             # On line from the sentinel, and not low once the bridge has polled the UPS again.
-            _until("OL served", lambda: _upsc(ups, serve_port, "ups.status") in ("OL", "OL FSD"), 15)
-            status = _upsc(ups, serve_port, "ups.status")
+            served_status = lambda: follower.read(ups).get("ups.status", "")  # noqa: E731
+            _until("OL served", lambda: served_status() in ("OL", "OL FSD"), 15)
+            status = served_status()
             # FSD stays, as NUT's primary holds it until it powers off: the bridge that ran the final
             # command is meant to go down with its host, and a secondary booting meanwhile must not
             # take a dying site for a healthy one.

@@ -109,10 +109,8 @@ class NutServer:
         for name in self.upses:
             while True:
                 try:
-                    with NutClient("127.0.0.1", self.port, 1.0) as c:
-                        c.connect()
-                        if c.list_vars(name).get("ups.status", "WAIT") != "WAIT":
-                            break
+                    if self.read(name).get("ups.status", "WAIT") != "WAIT":
+                        break
                 except NutError:
                     pass
                 if time.monotonic() > deadline:
@@ -121,6 +119,12 @@ class NutServer:
                     raise RuntimeError(f"NUT did not serve {name} within {timeout:g} s: {logs}")
                 time.sleep(0.1)
         return self
+
+    def read(self, ups: str) -> dict[str, str]:
+        """What upsd serves of `ups` now, as `upsc` would print it; NutError if it cannot say."""
+        with NutClient("127.0.0.1", self.port, 1.0) as c:
+            c.connect()
+            return c.list_vars(ups)
 
     def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         out = (self.dir / f"{log}.log").open("ab")
