@@ -79,12 +79,15 @@ class MainsWatch:
         self.stalled_ms = 0
 
     def _edge(self, _pin):
-        # Runs as a (soft) interrupt: no allocation beyond a small int.
-        self._edges_at(self.board.ticks_ms(), 1)
+        # Runs as a (soft) interrupt: no allocation beyond a small int. It runs when the VM gets
+        # to it, so the edges a hold-up queued all carry its end; each came after the loop last
+        # ran, and only a gap already open then breaks the run (else a 20 ms GC is a dip).
+        self._edges_at(self.board.ticks_ms(), 1, since=self.alive_ms)
 
     def _edges_at(self, t, n, spread=False, first=None, since=None):
-        # since: the earliest these edges can have come (the counter's previous read); the run
-        # breaks only on a gap they certainly left, or a poll a few ms late would break it
+        # since: the earliest these edges can have come (the counter's previous read, the loop's
+        # last run for a soft IRQ); the run breaks only on a gap they certainly left, or a poll
+        # a few ms late would break it
         c = self._cadence_at
         if c is None or self.board.ticks_diff(t, c) >= _CADENCE_MS:
             self._cadence_at = t
@@ -94,7 +97,11 @@ class MainsWatch:
         if p is not None and self.board.ticks_diff(t if since is None else since, p) < self.gap:
             if self._run < self.k:
                 self._run += n
-                if self._run >= self.k and since is not None and self.board.ticks_diff(t, self._run_start) >= self.gap:
+                if (
+                    self._run >= self.k
+                    and self.counter is not None
+                    and self.board.ticks_diff(t, self._run_start) >= self.gap
+                ):
                     # In cadence only by the lenient test: the run's first edge (a ghost inside a
                     # dip) may not be mains; these edges are, and came after the previous read.
                     self._run_start = since

@@ -14,6 +14,13 @@ from holdover.lab.rig import Rig
 from support import Ntfy
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked long (tens of seconds each, most of it waiting) first: the workers take
+    them up one by one (--maxschedchunk) while the short ones fill in around them, rather than
+    one worker finishing a bench minutes after the rest are done."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture
 def rig_factory(tmp_path: Path) -> Iterator:
     rigs: list[Rig] = []

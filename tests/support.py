@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -62,7 +63,6 @@ async def until(pred: Callable[[], Any], timeout: float, what: str, *, in_thread
 
 
 MPY_DIR = Path(__file__).parent / "mpy"
-TOY = [sys.executable, "-m", "holdover.train.toy"]
 # The torch-free stand-in (holdover.lab.trainee): the same Guard, socket and signal, started in a
 # tenth of the time; for tests of the socket and the signal, not of what a resume reproduces.
 TRAINEE = [sys.executable, "-m", "holdover.lab.trainee", "--mb", "1"]
@@ -165,6 +165,90 @@ def losses(out: str) -> dict[int, float]:
     return {d["step"]: d["loss"] for d in map(json.loads, out.splitlines()) if "step" in d}
 
 
+# A run that imports torch spends about 2 s of CPU on the import alone, and the suite starts dozens
+# on two cores. multiprocessing's forkserver imports torch once per test worker and forks each run
+# from there: still its own process (its pid, signals, files, exit status), main() on its own argv
+# and environment, started in milliseconds.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "holdover.train",
+    "holdover.train.toy",
+    "holdover.lab.ddp_trainee",
+]
+
+
+def _forked_main(module: str, argv: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """In the forked child: the process `python -m module *argv` would be, from main() on."""
+    import importlib
+
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.argv = [module, *argv]
+    sys.exit(importlib.import_module(module).main(argv))
+
+
+class Forked:
+    """`python -m module *argv` forked from the torch-loaded server, with Popen's face: pid, poll,
+    wait, send_signal, kill, communicate (its output kept in files under `where`)."""
+
+    _ctx: Any = None
+    _n = itertools.count()
+
+    def __init__(self, module: str, argv: list[str], where: Path, env: dict[str, str] | None = None) -> None:
+        import multiprocessing
+
+        if Forked._ctx is None:
+            Forked._ctx = multiprocessing.get_context("forkserver")
+            Forked._ctx.set_forkserver_preload(_PRELOAD)
+        where.mkdir(parents=True, exist_ok=True)
+        n = next(Forked._n)
+        self.out, self.err = where / f"{module}.{n}.out", where / f"{module}.{n}.err"
+        env = dict(os.environ if env is None else env)
+        self.p = Forked._ctx.Process(target=_forked_main, args=(module, argv, env, str(self.out), str(self.err)))
+        self.p.start()
+        self.pid: int = self.p.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.p.exitcode
+
+    def poll(self) -> int | None:
+        return self.p.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.p.join(timeout)
+        if self.p.exitcode is None:
+            raise subprocess.TimeoutExpired(str(self.p.name), timeout or 0)
+        return self.p.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.p.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(9)
+
+    def terminate(self) -> None:
+        self.send_signal(15)
+
+    def stdout(self) -> str:
+        return self.out.read_text() if self.out.exists() else ""
+
+    def stderr(self) -> str:
+        return self.err.read_text() if self.err.exists() else ""
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return self.stdout(), self.stderr()
+
+
 class Toy:
     """The toy run as a child process, with its registration and socket."""
 
@@ -173,13 +257,14 @@ class Toy:
         self.ckpt = tmp / "ckpt"
         self.name = name
         env = dict(os.environ, HOLDOVER_REGISTRY=str(self.reg_dir))
-        self.proc = subprocess.Popen(
-            [*(TOY if torch else TRAINEE), "--ckpt", str(self.ckpt), "--name", name, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        argv = ["--ckpt", str(self.ckpt), "--name", name, *args]
+        self.proc: Forked | subprocess.Popen[str]
+        if torch:
+            self.proc = Forked("holdover.train.toy", argv, tmp / "output", env)
+        else:
+            self.proc = subprocess.Popen(
+                [*TRAINEE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
 
     def registration(self, timeout: float = 30) -> registry.Registration:
         path = registry.registration_path(self.reg_dir, self.name)
@@ -187,7 +272,7 @@ class Toy:
         while time.monotonic() < deadline:
             if path.exists():
                 return registry.Registration.from_json(path.read_text())
-            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert self.proc.poll() is None, self.finish()[1]
             time.sleep(0.05)
         raise AssertionError("the toy never registered")
 
@@ -206,8 +291,7 @@ class Toy:
             return out
 
     def finish(self, timeout: float = 60) -> tuple[str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return out, err
+        return self.proc.communicate(timeout=timeout)
 
     def __enter__(self) -> Toy:
         return self

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import paho.mqtt.client as paho
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 import holdover
@@ -63,6 +64,7 @@ def _checkpoints(rig) -> list[dict]:
         return [e.data for e in j.events(kinds=["checkpoint_requested"])]
 
 
+@pytest.mark.long
 def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory, tmp_path: Path) -> None:
     rig = rig_factory(
         firmware={**RELAY, **BATTERY, "ha": {"url": "http://holdover.lan:8787/"}},

@@ -29,6 +29,7 @@ def _upsc(port: int, var: str) -> str:
     return r.stdout.strip()
 
 
+@pytest.mark.long
 def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(
     rig_factory, tmp_path: Path, site_dir: Path
 ) -> None:

@@ -6,6 +6,8 @@ import logging
 import time
 from pathlib import Path
 
+import pytest
+
 from holdover.bridge.mqtt_link import Inbound
 from holdover.bridge.presence import Presence
 from holdover.bridge.service import Bridge, BridgeThread
@@ -103,6 +105,7 @@ def test_an_event_that_names_a_predecessor_never_heard_is_logged_as_a_gap(tmp_pa
     assert "event gap in boot b00tb00t: seq 5, named by seq 7, not heard in 75 s: lost on the sentinel" in caplog.text
 
 
+@pytest.mark.long
 def test_a_sentinel_off_the_network_but_heard_on_serial_is_a_path_warning_not_unwatched(rig_factory) -> None:
     rig = rig_factory(serial=True, heartbeat_s=1, keepalive_s=2, bridge=False, emulator=False)
     cfg = rig.bridge_config()

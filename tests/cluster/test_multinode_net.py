@@ -51,6 +51,7 @@ def _resume_bit_for_bit(net: ClusterNet, tmp: Path, job: TorchrunJob, step: int,
         assert first["resumed"] == step and first["digest"] == job.digest(node, step), first
 
 
+@pytest.mark.long
 def test_a_cut_saves_one_step_on_both_nodes_each_bridge_verifies_its_rank_and_both_resume_bit_for_bit(
     tmp_path: Path,
 ) -> None:
@@ -80,6 +81,7 @@ def test_a_cut_saves_one_step_on_both_nodes_each_bridge_verifies_its_rank_and_bo
         _resume_bit_for_bit(net, tmp_path, job, saved)
 
 
+@pytest.mark.long
 def test_link_loss_mid_training_each_rank_saves_alone_and_both_resume_bit_for_bit(tmp_path: Path) -> None:
     with ClusterNet(2) as net:
         job = TorchrunJob(net, tmp_path, "--step-sleep", "0.02", "--stall-save", "3")
@@ -122,6 +124,7 @@ def test_link_loss_mid_training_each_rank_saves_alone_and_both_resume_bit_for_bi
         _resume_bit_for_bit(net, tmp_path, job, saved)
 
 
+@pytest.mark.long
 def test_a_silent_peer_makes_the_nodes_bridge_ask_its_rank_to_save_without_a_collective(tmp_path: Path) -> None:
     """The bridge on node 0 checks node 1 every 0.2 s; the link between them dies; after
     lost_after_s it raises peer_lost, whose rescue asks rank 0 to save, and rank 0's Guard serves
@@ -167,6 +170,7 @@ def test_a_silent_peer_makes_the_nodes_bridge_ask_its_rank_to_save_without_a_col
             job.kill()
 
 
+@pytest.mark.long
 def test_a_rank_killed_during_its_save_leaves_that_step_to_no_one_and_both_resume_the_one_before(
     tmp_path: Path,
 ) -> None:

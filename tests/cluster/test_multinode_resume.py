@@ -8,31 +8,38 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from holdover.lab.broker import free_port
 from holdover.train import job
+from support import Forked
 
 pytest.importorskip("torch")
 
 
-def _run(tmp: Path, steps: int, save_at: str = "", *more: str) -> dict[int, list[dict]]:
-    """Both ranks to the end; each rank's JSON lines."""
+def _ranks(tmp: Path, *args: str) -> list[tuple[int | None, str, str]]:
+    """Both ranks run to their end: each one's exit status, output and errors. Each rank is its own
+    process, forked from an interpreter that imported torch once (tests/support.Forked)."""
     port = free_port()
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        argv = [sys.executable, "-m", "holdover.lab.ddp_trainee", "--ckpt", str(tmp / "ckpt"), "--registry"]
-        argv += [str(tmp / f"reg{rank}"), "--steps", str(steps), "--step-sleep", "0", "--save-at", save_at, *more]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        argv = ["--ckpt", str(tmp / "ckpt"), "--registry", str(tmp / f"reg{rank}"), "--step-sleep", "0", *args]
+        procs.append(Forked("holdover.lab.ddp_trainee", argv, tmp / "output", env))
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        done.append((p.returncode, out, err))
+    return done
+
+
+def _run(tmp: Path, steps: int, save_at: str = "", *more: str) -> dict[int, list[dict]]:
+    """Both ranks to the end; each rank's JSON lines."""
     out = {}
-    for rank, p in enumerate(procs):
-        stdout, stderr = p.communicate(timeout=120)
-        assert p.returncode == 0, stderr[-2000:]
+    for rank, (rc, stdout, stderr) in enumerate(_ranks(tmp, "--steps", str(steps), "--save-at", save_at, *more)):
+        assert rc == 0, stderr[-2000:]
         out[rank] = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     return out
 
@@ -85,16 +92,8 @@ def test_a_step_damaged_on_one_rank_makes_both_fall_back_together(tmp_path: Path
     for d in (tmp_path / "ckpt" / "rank1").glob("step_*"):
         for f in d.glob("*.safetensors"):
             f.write_bytes(b"\0" * f.stat().st_size)
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        argv = [sys.executable, "-m", "holdover.lab.ddp_trainee", "--ckpt", str(tmp_path / "ckpt")]
-        argv += ["--registry", str(tmp_path / f"reg{rank}"), "--steps", "3", "--step-sleep", "0"]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for p in procs:
-        _out, err = p.communicate(timeout=120)
-        assert p.returncode != 0 and "all damaged" in err, err[-1500:]
+    for rc, _out, err in _ranks(tmp_path, "--steps", "3"):
+        assert rc != 0 and "all damaged" in err, err[-1500:]
 
 
 def _saved(tmp: Path, rank: int) -> list[str]:

@@ -63,6 +63,7 @@ def _running(lab: SlurmLab, job: str) -> bool:
     return "RUNNING" in lab.run("squeue", "-h", "-j", job, "-o", "%T")
 
 
+@pytest.mark.long
 @needs_slurm
 def test_a_cut_drains_the_circuit_and_signals_its_jobs_everywhere_and_power_back_resumes_only_ours(
     rig_factory, tmp_path: Path
@@ -225,6 +226,7 @@ def test_the_bridge_refuses_a_circuit_naming_a_node_slurm_does_not_know(tmp_path
         assert "slurm.circuits[0].nodes: Slurm knows no node n2 (sinfo -N lists them)" in r.stderr, r.stderr
 
 
+@pytest.mark.long
 @needs_slurm
 def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
     """A two-rank torch job (gloo, one rank a node, the Guard agreeing on the step), a bridge on
@@ -331,6 +333,7 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
                 b.stop()
 
 
+@pytest.mark.long
 @needs_slurm
 def test_a_controller_killed_at_each_turn_of_a_cut_goes_on_from_slurm_and_its_journal(
     rig_factory, site_dir: Path

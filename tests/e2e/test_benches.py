@@ -22,6 +22,7 @@ def test_every_bench_is_run_here() -> None:
     assert len(SCRIPTS) >= 10, SCRIPTS
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_each_bench_runs_its_smoke(script: str, tmp_path: Path) -> None:

@@ -132,6 +132,7 @@ def test_service_md_broker_on_debians_mosquitto_as_written(tmp_path: Path) -> No
     assert "login anonymous: ['Not authorized']" in out, out
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not nut.available(), reason="needs Debian's nut-server (scripts/ensure-system-deps.sh)")
 def test_nuts_try_it_here_runs_the_ups_demo_to_its_verdict_and_leaves_nothing(tmp_path: Path) -> None:
     block = the_block("nut.md", "sh", "holdover demo --ups")

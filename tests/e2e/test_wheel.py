@@ -63,6 +63,7 @@ def _modules_in_tree() -> set[str]:
     return host | {f"holdover/firmware/{p.name}" for p in (ROOT / "firmware").glob("*.py")}
 
 
+@pytest.mark.long
 def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None:
     if not (WHEELHOUSE / "requirements.txt").exists():
         pytest.fail(f"no wheelhouse at {WHEELHOUSE}: `make test` prepares it (scripts/wheelhouse)")

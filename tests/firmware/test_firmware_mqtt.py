@@ -6,6 +6,7 @@ import contextlib
 import time
 
 import paho.mqtt.client as paho
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from holdover.board.emulator import CHIP_HEAP_KB, HEAP_RATIO_64_TO_32
@@ -106,6 +107,7 @@ def test_the_test_broker_keeps_a_session_across_its_restart(rig_factory) -> None
         lis.close()
 
 
+@pytest.mark.long
 def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
     # Every feature on: battery, relay, three probe targets, discovery, NTP.
     targets = [{"kind": "tcp", "host": "127.0.0.1", "port": 9}, {"kind": "dns", "host": "127.0.0.1", "port": 9}]

@@ -284,6 +284,7 @@ def _ack(rig: Rig, cid: str, since: float, timeout: float = 10) -> dict:
     raise AssertionError(f"no ack for {cid}; saw {[x.what for x in rig.seen[-10:]]}")
 
 
+@pytest.mark.long
 def test_relay_commands_run_once_and_forged_replayed_retained_are_refused(rig_factory) -> None:
     rig = rig_factory(firmware=RELAY)
     rig.wait("boot", 15)
@@ -477,6 +478,7 @@ def _led_settles(rig: Rig, shown: str, period_ms: int, timeout: float) -> None:
     wait_for(blinking, timeout, f"the LED showing {shown} with a {period_ms} ms period")
 
 
+@pytest.mark.long
 def test_the_status_led_says_ok_warning_and_error_by_its_blink(rig_factory) -> None:
     rig = rig_factory(firmware={"led": {"pin": 2}, "mqtt": {"keepalive_s": 2}})
     rig.wait("boot", 15)
@@ -549,6 +551,7 @@ def test_ntp_sets_the_clock_once_the_uplink_is_up(rig_factory) -> None:
         ntp.close()
 
 
+@pytest.mark.long
 def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> None:
     rig = rig_factory(bridge=False, firmware={**RELAY, **BATTERY})
     lis = Listener(rig, ["homeassistant/#"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from support import run_micropython, wait_for
 
 
@@ -23,6 +25,7 @@ def test_the_emulated_wlan_behaves_as_the_esp32_port() -> None:
     }
 
 
+@pytest.mark.long
 def test_the_access_point_drops_ten_times_and_the_sentinel_never_resets(rig_factory) -> None:
     rig = rig_factory()
     rig.wait("boot", 15)

@@ -9,8 +9,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ import torch
 from holdover.train import ckpt, memory, state
 from holdover.train.ckpt import snapshot as snapshot_mod
 from holdover.train.guard import Guard
+from support import Forked
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -179,27 +178,28 @@ def test_kill_9_during_a_background_write_leaves_the_previous_checkpoint_whole(t
     """The toy run (a 200 MB state, a background save every 2 steps) killed -9 while a background
     write is half done: the checkpoint before it verifies, and the next run resumes from it."""
     ck = tmp_path / "ckpt"
-    argv = [sys.executable, "-m", "holdover.train.toy", "--ckpt", str(ck), "--registry", str(tmp_path / "reg")]
+    argv = ["--ckpt", str(ck), "--registry", str(tmp_path / "reg")]
     argv += ["--width", "2048", "--depth", "4", "--every", "2", "--shard-bytes", str(50 << 20)]
-    p = subprocess.Popen([*argv, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = Forked("holdover.train.toy", [*argv, "--steps", "100000"], tmp_path / "output")
     try:
         deadline = time.monotonic() + 120
         while not (ck.is_dir() and any(ck.glob("step_*")) and any(ck.glob(".tmp-step_*"))):
-            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() else "timed out"
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr() if p.poll() else "timed out"
             time.sleep(0.002)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
     finally:
         p.kill()
-        p.communicate()
+        p.wait(10)
     half = list(ck.glob(".tmp-step_*"))
     assert half, "the write finished before the kill: nothing was interrupted"
     newest = ckpt.candidates(ck)[0]
     assert ckpt.verify(newest).step < int(half[0].name.split("_")[1].split("-")[0])
-    again = subprocess.run([*argv, "--steps", "1"], capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stderr[-2000:]
-    first = json.loads(again.stdout.splitlines()[0])
-    assert first == {"resumed": ckpt.verify(newest).step}, (first, again.stderr[-2000:])
+    again = Forked("holdover.train.toy", [*argv, "--steps", "1"], tmp_path / "output")
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err[-2000:]
+    first = json.loads(out.splitlines()[0])
+    assert first == {"resumed": ckpt.verify(newest).step}, (first, err[-2000:])
 
 
 @pytest.mark.parametrize("short", ["room", "mmap"])

@@ -162,6 +162,7 @@ print(json.dumps({"grew": hwm() - before}))
 """
 
 
+@pytest.mark.long
 def test_an_in_place_resume_grows_the_peak_by_its_staging_not_a_second_state(tmp_path: Path) -> None:
     """In a fresh process that first builds its model and optimizer (as a resuming script does), the
     peak RSS an in-place resume adds is the reader's staging, not a second copy of the state; the
