@@ -168,3 +168,94 @@ def test_nuts_try_it_here_runs_the_ups_demo_to_its_verdict_and_leaves_nothing(tm
     stamps = [float(x.split("s ", 1)[0]) for x in out.splitlines() if re.match(r" *\d+\.\d{3}s ", x)]
     assert stamps == sorted(stamps), stamps
     assert list(tmp_path.iterdir()) == [], "the demo left files where it was run"
+
+
+def _cluster_demo_can_run() -> bool:
+    from holdover.lab import demo_cluster
+
+    return demo_cluster.missing() is None
+
+
+@pytest.mark.long
+@pytest.mark.skipif(
+    not _cluster_demo_can_run(), reason="needs Debian's Slurm and torch (scripts/ensure-system-deps.sh)"
+)
+def test_clusters_try_it_here_runs_the_cluster_demo_to_its_verdict_and_leaves_nothing(tmp_path: Path) -> None:
+    block = the_block("cluster.md", "sh", "holdover demo --cluster")
+    assert block.strip() == "holdover demo --cluster"
+    bin_dir = Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    group = Cgroup()
+    try:
+        r = subprocess.run(
+            group.wrap(["bash", "-c", block]), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170
+        )
+        # Slurm's daemons, the job's slurmstepd, srun and ranks, the board, the broker: all gone.
+        left = group.left()
+    finally:
+        group.close()
+    out = r.stdout + r.stderr
+    assert left == [], left
+    assert r.returncode == 0 and out.rstrip().endswith("demo complete"), out
+    saved = re.search(r"USR2 to every rank; both saved step (\d+) \(2 nodes\), requeued", out)
+    assert saved, out
+    step = saved[1]
+    for check in (
+        "ok: the circuit drained",
+        "ok: both ranks saved one step, each on its node's disk",
+        "ok: the job requeued",
+        "ok: the nodes resumed",
+        f"ok: both ranks resumed from step {step}",
+        "ok: a link loss: both ranks saved one step without a collective",
+    ):
+        assert check in out, check
+    assert f"rank 0 resumed from step {step}, rank 1 from {step}" in out, out
+    assert re.search(r"on n1: 198\.51\.100\.12:6818 silent [\d.]+ s: peer_lost", out), out
+    stamps = [float(x.split("s ", 1)[0]) for x in out.splitlines() if re.match(r" *\d+\.\d{3}s ", x)]
+    assert stamps == sorted(stamps), stamps
+    assert list(tmp_path.iterdir()) == [], "the demo left files where it was run"
+
+
+@pytest.mark.long
+@pytest.mark.skipif(
+    not _cluster_demo_can_run(), reason="needs Debian's Slurm and torch (scripts/ensure-system-deps.sh)"
+)
+def test_ctrl_c_in_the_middle_of_the_cluster_demo_leaves_nothing_running(tmp_path: Path) -> None:
+    """Interrupted while the job trains: the job's slurmstepd (deaf to SIGTERM), srun and ranks,
+    Slurm's daemons, the bridges and the board all end with it, and it says it was interrupted."""
+    import os
+    import signal
+    import time
+
+    holdover = str(Path(sys.executable).parent / "holdover")
+    group = Cgroup()
+    try:
+        p = subprocess.Popen(
+            group.wrap([holdover, "demo", "--cluster"]),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert p.stdout is not None
+        seen = []
+        for line in p.stdout:
+            seen.append(line)
+            if "gloo, the Guard in each; training" in line:
+                break
+        else:
+            raise AssertionError("".join(seen))
+        running = group.left()
+        assert any("slurmstepd" in x for x in running), running  # the job's steps were up
+        t = time.monotonic()
+        os.kill(p.pid, signal.SIGINT)
+        rest = p.communicate(timeout=60)[0]
+        took = time.monotonic() - t
+        left = group.left()
+    finally:
+        group.close()
+    out = "".join(seen) + rest
+    assert left == [], left
+    assert p.returncode != 0 and "Traceback" not in out, out
+    assert "interrupted" in out, out
+    print(f"Ctrl-C -> everything gone in {took:.1f} s")

@@ -57,9 +57,7 @@ def test_one_dead_target_of_three_raises_nothing_and_all_dead_is_lost_within_3s(
         assert dns.requests > 0  # the DNS target really was asked
 
         a.stop()  # one target of three: degraded, never lost
-        time.sleep(3.0)
-        st = rig.board_state()
-        assert st["uplink"] == "degraded", st
+        st = wait_for(lambda: (st := rig.board_state())["uplink"] == "degraded" and st, 10, "uplink degraded")
         by_name = {t["name"]: t for t in st["targets"]}
         assert by_name["a"]["loss_pct"] > 0 and by_name["b"]["loss_pct"] == 0
         assert rig.count("uplink_lost") == 0
@@ -238,8 +236,9 @@ def test_battery_low_and_critical_with_hysteresis_carry_the_runtime(rig_factory)
     low = rig.wait("battery_low", 15)
     assert low.info["data"]["on_battery"] is True and 0 < low.info["data"]["runtime_s"] < full
     rig.control.send(battery_v=3.62)  # ~27 %, back above low but inside the hysteresis band: stays low
-    time.sleep(2.5)
-    assert rig.count("battery_ok") == 0
+    # Judged as it is read: once the board reads 3.62 V its level has been weighed against it.
+    wait_for(lambda: abs((rig.board_state()["battery_v"] or 0) - 3.62) < 0.005, 10, "the board reading 3.62 V")
+    assert rig.count("battery_ok") == 0 and rig.board_state()["battery_level"] == "low"
     rig.control.send(battery_v=3.2)  # ~3 %: critical
     crit = rig.wait("battery_critical", 15)
     assert crit.info["data"]["previous"] == "low"

@@ -64,8 +64,19 @@ def demo(
     ups: bool = typer.Option(
         False, "--ups", help="The host's UPS through NUT's own upsd, and a NUT client following the sentinel (root)."
     ),
+    cluster: bool = typer.Option(
+        False,
+        "--cluster",
+        help="A power cut on a 2-node Slurm cluster of Debian's own daemons in namespaces, a torch job on it (root).",
+    ),
 ) -> None:
     """Run the whole chain locally: Mosquitto, an emulated sentinel, the bridge; cut and restore mains."""
+    if ups and cluster:
+        raise typer.BadParameter("one at a time: --ups or --cluster")
+    if cluster:
+        from holdover.lab.demo_cluster import run_cluster_demo
+
+        raise typer.Exit(run_cluster_demo(hold_s=hold))
     if ups:
         from holdover.lab.demo_ups import run_ups_demo
 

@@ -44,6 +44,7 @@ STYLE = {
     "alert": "bold red",
     "ups": "bright_blue",
     "upsmon": "cyan",
+    "slurm": "bright_magenta",
 }
 
 
