@@ -103,9 +103,11 @@ def test_link_loss_mid_training_each_rank_saves_alone_and_both_resume_bit_for_bi
             saved = steps[0]
             assert job.step(0) == job.step(1) == saved  # the last step either rank completed
             # Each node's disk: its rank done at that step, and no complete record (the ranks could
-            # not agree; resume settles it).
+            # not agree; resume settles it). The done record follows the checkpoint's rename (seen:
+            # read between the two on a loaded host), so it is waited for.
             for n in (0, 1):
-                view = jobrec.read(tmp_path / f"node{n}" / "ckpt")
+                root = tmp_path / f"node{n}" / "ckpt"
+                view = _wait(lambda root=root, n=n: (v := jobrec.read(root)).done.get(n) and v, 10, f"rank {n} done")
                 assert view.complete is None and view.done[n]["step"] == saved, view
         finally:
             job.kill()

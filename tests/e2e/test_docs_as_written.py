@@ -132,24 +132,29 @@ def test_service_md_broker_on_debians_mosquitto_as_written(tmp_path: Path) -> No
     assert "login anonymous: ['Not authorized']" in out, out
 
 
+def _run_as_a_user_would(block: str, where: Path, timeout: float) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A doc's block run by bash in `where` with the venv on PATH, inside a cgroup of its own:
+    its result, and whatever it started that still runs once it has ended."""
+    bin_dir = Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(where), "LANG": "C.UTF-8"}
+    group = Cgroup()
+    try:
+        r = subprocess.run(
+            group.wrap(["bash", "-c", block]), cwd=where, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        return r, group.left()
+    finally:
+        group.close()
+
+
 @pytest.mark.long
 @pytest.mark.skipif(not nut.available(), reason="needs Debian's nut-server (scripts/ensure-system-deps.sh)")
 def test_nuts_try_it_here_runs_the_ups_demo_to_its_verdict_and_leaves_nothing(tmp_path: Path) -> None:
     block = the_block("nut.md", "sh", "holdover demo --ups")
     assert block.strip() == "holdover demo --ups"
-    bin_dir = Path(sys.executable).parent
-    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    group = Cgroup()
-    try:
-        r = subprocess.run(
-            group.wrap(["bash", "-c", block]), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150
-        )
-        # NUT's daemons, the board, the broker and the bridge's children all gone with it.
-        left = group.left()
-    finally:
-        group.close()
+    r, left = _run_as_a_user_would(block, tmp_path, 150)
     out = r.stdout + r.stderr
-    assert left == [], left
+    assert left == [], left  # NUT's daemons, the board, the broker and the bridge's children
     assert r.returncode == 0 and out.rstrip().endswith("demo complete"), out
     for check in (
         "ok: the deadline from the UPS's runtime, not a guess",
@@ -183,19 +188,9 @@ def _cluster_demo_can_run() -> bool:
 def test_clusters_try_it_here_runs_the_cluster_demo_to_its_verdict_and_leaves_nothing(tmp_path: Path) -> None:
     block = the_block("cluster.md", "sh", "holdover demo --cluster")
     assert block.strip() == "holdover demo --cluster"
-    bin_dir = Path(sys.executable).parent
-    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    group = Cgroup()
-    try:
-        r = subprocess.run(
-            group.wrap(["bash", "-c", block]), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170
-        )
-        # Slurm's daemons, the job's slurmstepd, srun and ranks, the board, the broker: all gone.
-        left = group.left()
-    finally:
-        group.close()
+    r, left = _run_as_a_user_would(block, tmp_path, 170)
     out = r.stdout + r.stderr
-    assert left == [], left
+    assert left == [], left  # Slurm's daemons, the job's slurmstepd, srun and ranks, the board, the broker
     assert r.returncode == 0 and out.rstrip().endswith("demo complete"), out
     saved = re.search(r"USR2 to every rank; both saved step (\d+) \(2 nodes\), requeued", out)
     assert saved, out

@@ -139,6 +139,31 @@ def verified(journal: Path, timeout: float) -> dict[str, Any]:
     raise TimeoutError("no verified emergency checkpoint")
 
 
+def until(what: str, test: Callable[[], Any], timeout: float, every: float = 0.1) -> Any:
+    """test()'s first true answer, polled every `every` s; TimeoutError naming `what` (the demo's
+    failure line, a bench's) after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = test()
+        if got:
+            return got
+        time.sleep(every)
+    raise TimeoutError(what)
+
+
+def verdict(console: Console, checks: dict[str, bool], listed: bool = True) -> int:
+    """The scripted story judged: each check (listed), then complete, or the ones that failed."""
+    failed = [name for name, good in checks.items() if not good]
+    if listed:
+        for name, good in checks.items():
+            console.print(f"{'ok' if good else 'NOT'}: {name}")
+    if not failed:
+        console.print("[bold green]demo complete[/]")
+        return 0
+    console.print("[bold red]demo finished with surprises:[/] not as expected: " + "; ".join(failed))
+    return 1
+
+
 def headings(console: Console) -> Callable[[str], None]:
     def heading(title: str) -> None:  # a rule fills a terminal's width; in a pipe it would cut the title
         console.rule(title) if console.is_terminal else console.print(f"== {title} ==")
@@ -295,12 +320,7 @@ def run_demo(debounce_ms: int = 300, hold_s: float = 0.0) -> int:
             "one emergency checkpoint, finished": [r["state"] for r in rescues] == ["finished"],
             "at least 4 alerts on MQTT": len(alerts) >= 4,
         }
-        failed = [name for name, good in checks.items() if not good]
-        if not failed:
-            console.print("[bold green]demo complete[/]")
-            return 0
-        console.print("[bold red]demo finished with surprises:[/] not as expected: " + "; ".join(failed))
-        return 1
+        return verdict(console, checks, listed=False)
 
 
 def hold(tl: Timeline, rig: Rig, targets: list[TcpTarget], dashboard: str, hold_s: float) -> None:

@@ -31,7 +31,7 @@ from holdover.errors import HoldoverError
 from holdover.journal import Journal
 from holdover.lab import slurm
 from holdover.lab.broker import BrokerError, free_port
-from holdover.lab.demo import Timeline, headings, hold
+from holdover.lab.demo import Timeline, headings, hold, until, verdict
 from holdover.lab.rig import Rig
 from holdover.settings import Settings, WebSettings
 from holdover.train import ckpt
@@ -52,16 +52,6 @@ def missing() -> str | None:
     if importlib.util.find_spec("torch") is None:
         return "the cluster demo trains a 2-node torch job (gloo, CPU): pip install torch"
     return None
-
-
-def _until(what: str, test: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = test()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise TimeoutError(what)
 
 
 def _journaled(journal: Path, kind: str) -> list[dict[str, Any]]:
@@ -176,7 +166,7 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
                 "--wrap", f"srun bash -c '{run}'",
             ).strip()  # fmt: skip
             regs = [lab.dir / "reg-n1" / "train.json", lab.dir / "reg-n2" / "train.rank1.json"]
-            _until("both ranks registered", lambda: all(r.exists() for r in regs), 90)
+            until("both ranks registered", lambda: all(r.exists() for r in regs), 90)
             tl.say("slurm", f"job {job} (llama-demo): 2 ranks, one on each node, gloo, the Guard in each; training")
             time.sleep(1.0)  # a few steps, so the save is not of step 0
 
@@ -185,10 +175,10 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
             t = time.monotonic()
             rig.control.send(mains=False)
             rig.wait("mains_lost", since=t)
-            drained = _until("the circuit drained", lambda: _journaled(journal, events.SLURM_DRAINED), 15)[0]
+            drained = until("the circuit drained", lambda: _journaled(journal, events.SLURM_DRAINED), 15)[0]
             tl.say("slurm", f"drained {drained.get('nodes', 'n[1-2]')}: nothing new starts on battery")
             checks["the circuit drained"] = True
-            saved = _until("the job saved on both nodes", lambda: _journaled(journal, events.SLURM_JOB_SAVED), 60)[0]
+            saved = until("the job saved on both nodes", lambda: _journaled(journal, events.SLURM_JOB_SAVED), 60)[0]
             step = saved["step"]
             tl.say(
                 "slurm",
@@ -200,7 +190,7 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
                 for n, rank in (("n1", 0), ("n2", 1))
             )
             checks["both ranks saved one step, each on its node's disk"] = saved["count"] == 2 and on_disk
-            pending = _until("the job pending", lambda: "PENDING" in lab.run("squeue", "-h", "-j", job, "-o", "%T"), 15)
+            pending = until("the job pending", lambda: "PENDING" in lab.run("squeue", "-h", "-j", job, "-o", "%T"), 15)
             tl.say("slurm", f"job {job} requeued: pending while its nodes are drained")
             checks["the job requeued"] = saved["then"] == "requeued" and bool(pending)
 
@@ -208,7 +198,7 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
             t = time.monotonic()
             rig.control.send(mains=True)
             rig.wait("mains_restored", since=t)
-            _until("the nodes resumed", lambda: _journaled(journal, events.SLURM_RESUMED), 20)
+            until("the nodes resumed", lambda: _journaled(journal, events.SLURM_RESUMED), 20)
             tl.say("slurm", "power steady: n[1-2] resumed (holdover drained them, so holdover resumes them)")
             checks["the nodes resumed"] = True
             # Slurm holds a requeued job back (its BeginTime, about two minutes): a person in a
@@ -216,7 +206,7 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
             lab.run("scontrol", "update", f"JobId={job}", "StartTime=now")
             tl.say("slurm", f"scontrol update JobId={job} StartTime=now (Slurm holds a requeued job ~2 min)")
             out = lab.dir / f"job-{job}.out"
-            back = _until(
+            back = until(
                 "both ranks resumed",
                 lambda: (r := _resumed(out)) and len(r) == 2 and min(r.values()) >= step and r,
                 90,
@@ -228,13 +218,13 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
             tl.say("demo", "the link between n1 and n2 dies (every frame between them dropped); power stays on")
             t = time.monotonic()
             lab.partition()
-            lost = _until("peer_lost on a node", lambda: _journaled(lab.dir / "journal-n1.db", events.PEER_LOST), 20)
+            lost = until("peer_lost on a node", lambda: _journaled(lab.dir / "journal-n1.db", events.PEER_LOST), 20)
             tl.say(
                 "bridge",
                 f"on n1: {lost[0].get('peer', 'n2')} silent {time.monotonic() - t:.1f} s: peer_lost, "
                 "asks its rank to save (n2's bridge the same)",
             )
-            alone = _until("both ranks saved without a collective", lambda: _saved_alone(lab, step), 30)
+            alone = until("both ranks saved without a collective", lambda: _saved_alone(lab, step), 30)
             tl.say(
                 "slurm",
                 f"each rank, blocked in its all-reduce, saved alone: n1 step {alone['n1']}, n2 step {alone['n2']}, "
@@ -255,11 +245,4 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
         return 1
     tl.close()
     heading("verdict")
-    failed = [name for name, good in checks.items() if not good]
-    for name, good in checks.items():
-        console.print(f"{'ok' if good else 'NOT'}: {name}")
-    if not failed:
-        console.print("[bold green]demo complete[/]")
-        return 0
-    console.print("[bold red]demo finished with surprises:[/] not as expected: " + "; ".join(failed))
-    return 1
+    return verdict(console, checks)

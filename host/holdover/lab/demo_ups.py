@@ -26,22 +26,12 @@ from holdover.bridge import nut_config
 from holdover.errors import HoldoverError
 from holdover.lab import nut
 from holdover.lab.broker import BrokerError, free_port
-from holdover.lab.demo import Timeline, api_get, headings, hold, start_trainee, verified
+from holdover.lab.demo import Timeline, api_get, headings, hold, start_trainee, until, verdict, verified
 from holdover.lab.rig import Rig
 from holdover.settings import NutServerSettings, WebSettings
 
 ONLINE = {"ups.status": "OL", "battery.charge": "100", "battery.runtime": "900", "ups.load": "30"}
 CLIENT = "nas"  # the machine that follows the sentinel, as a lab names it in [nut_server] clients
-
-
-def _until(what: str, test: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = test()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise TimeoutError(what)
 
 
 def missing() -> str | None:
@@ -118,7 +108,7 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
             written = nut_config.write(s, [rig.sid], conf)
             monitor = nut_config.monitor_line(s, rig.sid, CLIENT, written.passwords[CLIENT], "127.0.0.1")
             ups = f"{s.prefix}{rig.sid}"
-            _until("the bridge's served file", lambda: (served / f"{ups}.dev").exists(), 15)
+            until("the bridge's served file", lambda: (served / f"{ups}.dev").exists(), 15)
             follower = nut.NutServer(tmp / "served-nut", {ups: {}}, port=serve_port, confdir=conf).start()
             mon = nut.Upsmon(tmp / "upsmon", monitor).start()
             tl.say(
@@ -143,10 +133,10 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
                 left = api_get(port, "/api/outages/now").get("time_left") or {}
                 return left if left.get("runtime_s") and not left.get("guess") else None
 
-            left = _until("the banner's time left, from the UPS", read_left, 10)
+            left = until("the banner's time left, from the UPS", read_left, 10)
             checks["the deadline from the UPS's runtime, not a guess"] = True
             tl.say("bridge", f"GET /api/outages/now: {left['from']}, not a guess (the dashboard counts it down)")
-            _until("ONBATT at upsmon", lambda: "ONBATT" in [k for _t, k in mon.said()], 15)
+            until("ONBATT at upsmon", lambda: "ONBATT" in [k for _t, k in mon.said()], 15)
             tl.say("upsmon", "ONBATT: its NOTIFYCMD ran")
             checks["upsmon heard ONBATT"] = True
             v = verified(rig.dir / "journal.db", 30)["detail"]
@@ -158,12 +148,12 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
 
             tl.say("demo", "the host UPS runs low: LB, 50 s left")
             host_ups.set("hostups", ups_status="OB DISCHRG LB", battery_charge="8", battery_runtime="50")
-            _until("holdover's final command", final.exists, 20)
+            until("holdover's final command", final.exists, 20)
             tl.say(
                 "bridge",
                 "the host's UPS is low: holdover's final command ran (here it writes a line; a site's shuts down)",
             )
-            _until("FSD at upsmon", lambda: mon.shutdown.exists(), 20)
+            until("FSD at upsmon", lambda: mon.shutdown.exists(), 20)
             said = [k for _t, k in mon.said()]
             tl.say(
                 "upsmon",
@@ -178,7 +168,7 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
             rig.wait("mains_restored", since=t)
             # On line from the sentinel, and not low once the bridge has polled the UPS again.
             served_status = lambda: follower.read(ups).get("ups.status", "")  # noqa: E731
-            _until("OL served", lambda: served_status() in ("OL", "OL FSD"), 15)
+            until("OL served", lambda: served_status() in ("OL", "OL FSD"), 15)
             status = served_status()
             # FSD stays, as NUT's primary holds it until it powers off: the bridge that ran the final
             # command is meant to go down with its host, and a secondary booting meanwhile must not
@@ -205,11 +195,4 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
             shutil.rmtree(conf, ignore_errors=True)
     tl.close()
     heading("verdict")
-    failed = [name for name, good in checks.items() if not good]
-    for name, good in checks.items():
-        console.print(f"{'ok' if good else 'NOT'}: {name}")
-    if not failed:
-        console.print("[bold green]demo complete[/]")
-        return 0
-    console.print("[bold red]demo finished with surprises:[/] not as expected: " + "; ".join(failed))
-    return 1
+    return verdict(console, checks)
