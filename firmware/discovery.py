@@ -29,6 +29,15 @@ _ENTITIES = (
 _GONE = (("switch", "relay"),)
 
 
+def ha_entity_id(component, uid):
+    """The entity id Home Assistant is asked to make, for the docs and automations to name: both
+    keys, as object_id is all a release before 2025.10 reads and default_entity_id all one after
+    2026.4 does (either way only when the entity is first registered: ids already made stay)."""
+    # Home Assistant's slug: lower case, anything else an underscore (a node named gpu-01).
+    slug = "".join(c if "a" <= c <= "z" or "0" <= c <= "9" else "_" for c in uid.lower())
+    return {"obj_id": slug, "default_entity_id": component + "." + slug}
+
+
 def messages(cfg, sid, board_name):
     """(topic, payload) for every entity this sentinel has, one at a time."""
     prefix = cfg["ha"]["prefix"]
@@ -52,6 +61,9 @@ def messages(cfg, sid, board_name):
             "avty_t": protocol.topic(sid, protocol.STATUS),
             "dev": device,
         }
+        # Else Home Assistant builds the id from the device's and the entity's names
+        # (button.holdover_rack1_power_cycle_modem), which no doc can promise.
+        c.update(ha_entity_id(comp, c["uniq_id"]))
         if tpl is not None:
             c["stat_t"] = protocol.topic(sid, protocol.STATE)
             c["val_tpl"] = "{% set d = value_json.body.data %}{{ " + tpl + " }}"

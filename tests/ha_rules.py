@@ -23,6 +23,7 @@ ABBREVIATIONS = {
     "ic": "icon",
     "json_attr_t": "json_attributes_topic",
     "json_attr_tpl": "json_attributes_template",
+    "obj_id": "object_id",
     "ops": "options",
     "pl_off": "payload_off",
     "pl_on": "payload_on",
@@ -44,6 +45,8 @@ DEVICE_ABBREVIATIONS = {
 COMMON = {
     "name",
     "unique_id",
+    "object_id",
+    "default_entity_id",
     "availability_topic",
     "device",
     "entity_category",
@@ -148,6 +151,12 @@ def check(topic: str, config: dict[str, Any]) -> list[str]:
             problems.append(f"device configuration_url {url!r} is not an http(s) or homeassistant:// URL")
         if "unique_id" not in c:
             problems.append("an entity with a device needs a unique_id")
+    # An entity id is <component>.<object id>, lower case, digits and underscores (HA slugifies
+    # anything else, and the id a doc promised is not the one made).
+    if "object_id" in c and not re.fullmatch(r"[a-z0-9_]+", str(c["object_id"])):
+        problems.append(f"object_id {c['object_id']!r} is not an entity id's slug ([a-z0-9_])")
+    if "default_entity_id" in c and c["default_entity_id"] != f"{component}.{c.get('object_id')}":
+        problems.append(f"default_entity_id {c['default_entity_id']!r} is not {component}.<object_id>")
     if c.get("entity_category") is not None and c["entity_category"] not in ENTITY_CATEGORIES:
         problems.append(f"entity_category {c['entity_category']!r}")
     if component == "sensor" and c.get("entity_category") == "config":

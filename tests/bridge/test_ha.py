@@ -5,6 +5,7 @@ the node's state, availability and checkpoint button, on a real Mosquitto with t
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -95,6 +96,18 @@ def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory,
     assert old not in got
     problems = [p for t, c in got.items() for p in check(t, c)]
     assert problems == [], problems
+    # The entity ids an automation written from the docs names are the ones asked of Home Assistant
+    # (built from names it made button.holdover_demo_power_cycle_modem), and the docs' table lists
+    # every one of the sentinel's.
+    ids = {c["default_entity_id"] for c in got.values()}
+    doc = (Path(holdover.__file__).parents[2] / "docs" / "service.md").read_text()
+    documented = {
+        x.replace("<sid>", rig.sid)
+        for x in re.findall(r"`((?:binary_sensor|sensor|button|switch)\.holdover_<sid>_\w+)`", doc)
+    }
+    assert f"button.holdover_{rig.sid}_power_cycle" in ids & documented, (sorted(ids), sorted(documented))
+    assert {i for i in ids if "_node_" not in i} <= documented, sorted(ids - documented)
+    assert f"binary_sensor.holdover_node_{NODE}_line_power" in ids, sorted(ids)
 
     # The relay as what it does, on the wiring the docs give (the modem on the normally-closed contact).
     modem = got[protocol.ha_config_topic("homeassistant", "binary_sensor", rig.sid, "modem_power")]

@@ -165,4 +165,5 @@ def test_firmware_fits_an_esp32_heap(rig_factory) -> None:
     # world (edges, ghosts, jitter, timed dips, the WLAN) and its control port, about 16 KB.
     assert 0 < mem["emu_only"] < 20 * 1024, mem
     chip_live_kb = (mem["hwm"] - mem["emu_only"]) / HEAP_RATIO_64_TO_32 / 1024
+    print(f"the chip's live heap at its fullest: {chip_live_kb:.1f} KB of {CHIP_HEAP_KB}")
     assert CHIP_HEAP_KB - chip_live_kb > 30, (chip_live_kb, mem)

@@ -43,6 +43,14 @@ def _object_id(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
+def _entity_id(component: str, uid: str) -> dict[str, str]:
+    """The entity id Home Assistant is asked to make (docs/service.md lists them), the twin of
+    the board's firmware/discovery.ha_entity_id, which stays there: in protocol.py, resident on
+    the board, it cost 2.7 KB of the chip's heap at its fullest."""
+    slug = re.sub(r"[^a-z0-9]", "_", uid.lower())  # Home Assistant's slug: a node named gpu-01
+    return {"obj_id": slug, "default_entity_id": f"{component}.{slug}"}
+
+
 class NodeReport:
     """A Reaction: the node's state on MQTT and in Home Assistant."""
 
@@ -213,6 +221,7 @@ class NodeReport:
     def _entity(self, component: str, oid: str, name: str, template: str | None, **extra: Any) -> tuple[str, dict]:
         uid = "holdover_" + protocol.ha_node_id(self.node) + "_" + oid
         c: dict[str, Any] = {"name": name, "uniq_id": uid, "avty_t": self.status_topic, "dev": self.device()}
+        c.update(_entity_id(component, uid))
         if template is not None:
             c["stat_t"] = self.state_topic
             c["val_tpl"] = "{{ " + template + " }}"
