@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from holdover.journal import Journal
+from holdover.lab import ddp_trainee
 from holdover.lab import slurm as slurm_lab
 from holdover.lab.slurm import SlurmLab, pids_in
 from support import HOLDOVER, KEY, Mqtt5, wait_for
@@ -307,15 +308,7 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
             out = lab.dir / f"job-{job}.out"
 
             def resumed() -> dict[int, int]:
-                # A rank killed by the requeue may leave its last line unended, srun's own words
-                # ("srun: error: n1: task 0: Terminated") then run on after it: the object alone.
-                text = out.read_text() if out.exists() else ""
-                lines = []
-                for x in text.splitlines():
-                    if x.startswith('{"rank"'):
-                        with contextlib.suppress(ValueError):  # one cut off mid-object by the kill
-                            lines.append(json.JSONDecoder().raw_decode(x)[0])
-                return {x["rank"]: x["resumed"] for x in lines if "resumed" in x}
+                return ddp_trainee.resumed(out.read_text() if out.exists() else "")
 
             # The first run said 0; the requeued one names the step it loaded, on both ranks.
             again = lambda: len(resumed()) == 2 and all(s >= step for s in resumed().values())  # noqa: E731

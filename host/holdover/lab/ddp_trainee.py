@@ -109,6 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def resumed(text: str) -> dict[int, int]:
+    """From a job's output (every rank's lines): each rank's step resumed from, as its last start
+    said. A rank killed by a requeue may leave its last line unended, with srun's own words
+    ("srun: error: n1: task 0: Terminated") after it: the object alone is read."""
+    got: dict[int, int] = {}
+    for line in text.splitlines():
+        if line.startswith('{"rank"'):
+            with contextlib.suppress(ValueError):
+                x = json.JSONDecoder().raw_decode(line)[0]
+                if "resumed" in x:
+                    got[x["rank"]] = x["resumed"]
+    return got
+
+
 def _asks(spec: str, rank: int) -> dict[int, str]:
     """--save-at for this rank: {step: what the run does after the save}."""
     out = {}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -31,6 +30,7 @@ from holdover.errors import HoldoverError
 from holdover.journal import Journal
 from holdover.lab import slurm
 from holdover.lab.broker import BrokerError, free_port
+from holdover.lab.ddp_trainee import resumed
 from holdover.lab.demo import Timeline, headings, hold, until, verdict
 from holdover.lab.rig import Rig
 from holdover.settings import Settings, WebSettings
@@ -57,20 +57,6 @@ def missing() -> str | None:
 def _journaled(journal: Path, kind: str) -> list[dict[str, Any]]:
     with Journal(journal, readonly=True) as j:
         return [e.data for e in reversed(j.events(kinds=[kind]))]
-
-
-def _resumed(out: Path) -> dict[int, int]:
-    """Each rank's first line of its last start: the step it resumed from. A rank killed by the
-    requeue may leave its last line unended and srun's own words after it: the object alone."""
-    got: dict[int, int] = {}
-    text = out.read_text(errors="replace") if out.exists() else ""
-    for line in text.splitlines():
-        if line.startswith('{"rank"'):
-            with contextlib.suppress(ValueError):
-                x = json.JSONDecoder().raw_decode(line)[0]
-                if "resumed" in x:
-                    got[x["rank"]] = x["resumed"]
-    return got
 
 
 def _node_bridge(rig: Rig, lab: slurm.SlurmLab, node: str) -> BridgeThread:
@@ -206,11 +192,12 @@ def run_cluster_demo(hold_s: float = 0.0) -> int:
             lab.run("scontrol", "update", f"JobId={job}", "StartTime=now")
             tl.say("slurm", f"scontrol update JobId={job} StartTime=now (Slurm holds a requeued job ~2 min)")
             out = lab.dir / f"job-{job}.out"
-            back = until(
-                "both ranks resumed",
-                lambda: (r := _resumed(out)) and len(r) == 2 and min(r.values()) >= step and r,
-                90,
-            )
+
+            def restarted() -> dict[int, int] | None:  # the first run said 0 on both ranks
+                r = resumed(out.read_text(errors="replace")) if out.exists() else {}
+                return r if len(r) == 2 and min(r.values()) >= step else None
+
+            back = until("both ranks resumed", restarted, 90)
             tl.say("slurm", f"job {job} running again: rank 0 resumed from step {back[0]}, rank 1 from {back[1]}")
             checks[f"both ranks resumed from step {step}"] = back == {0: step, 1: step}
             time.sleep(1.0)  # a few steps of the resumed run

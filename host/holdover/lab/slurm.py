@@ -97,15 +97,15 @@ class SlurmLab:
         """Drop (on) or stop dropping every frame between two nodes, silently, as a dead switch
         port looks from both ends; each node still reaches the controller (its traffic to br0 is
         the bridge's input, not a forward between ports)."""
-        nft = ["ip", "netns", "exec", self.netns, "nft"]
-        subprocess.run([*nft, "delete", "table", "bridge", "partition"], capture_output=True, check=False)
+        nft = [*self._enter("ctl"), "nft"]
+        table = ["bridge", "partition"]
+        proc.run_sync([*nft, "delete", "table", *table], timeout=10)  # absent when none was made: fine
         if on:
             chain = "{ type filter hook forward priority 0 ; policy drop ; }"
-            table = ["bridge", "partition"]
             for argv in (["add", "table", *table], ["add", "chain", *table, "between", chain]):
-                r = subprocess.run([*nft, *argv], capture_output=True, text=True, check=False)
-                if r.returncode != 0:
-                    raise SlurmError(f"nft {' '.join(argv[:3])}: {r.stderr.strip()}")
+                r = proc.run_sync([*nft, *argv], timeout=10)
+                if not r.ok:
+                    raise SlurmError(f"nft {' '.join(argv[:3])}: {r.describe()}: {r.output.strip()}")
 
     def namespaces(self) -> set[int]:
         """The inodes of the lab's network namespaces: what a process in one of them holds."""
