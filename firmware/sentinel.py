@@ -19,6 +19,7 @@ import mains
 import mqtt
 import outbox
 import protocol
+import version
 import wifi
 
 WDT_MS = 8000
@@ -418,6 +419,7 @@ class Sentinel:
                 "mains": present,
                 "board": self.board.name,
                 "mains_path": self.mains.path,
+                "fw": version.VERSION,  # what the bridge serves as ups.firmware to NUT's clients
             },
         )
         if not present:

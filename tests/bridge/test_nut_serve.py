@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from holdover.firmware.version import VERSION as FIRMWARE
 from holdover.lab import nut
 from holdover.lab.broker import free_port
 from support import HOLDOVER, wait_for
@@ -29,6 +30,22 @@ def _upsc(port: int, var: str) -> str:
     return r.stdout.strip()
 
 
+def _nut_config(rig, conf: Path) -> str:
+    """NUT's config as a user makes it (`holdover nut-config`); the MONITOR line it prints."""
+    r = subprocess.run(
+        [HOLDOVER, "nut-config", "-c", str(rig.dir / "holdover.toml"), "--out", str(conf), "--host", "127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    return next(line.strip() for line in r.stdout.splitlines() if line.strip().startswith("MONITOR "))
+
+
+def _serving(site_dir: Path, port: int) -> dict:
+    return {"serve": True, "dir": str(site_dir / "served"), "listen": "127.0.0.1", "port": port, "clients": ["gpu2"]}
+
+
 @pytest.mark.long
 def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(
     rig_factory, tmp_path: Path, site_dir: Path
@@ -39,13 +56,7 @@ def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(
             protect={"registry": str(tmp_path / "reg"), "grace": 0, "final_command": f"touch {flag}"},
             bridge_extra={
                 "ups": {"nut": f"hostups@127.0.0.1:{host_ups.port}", "poll_s": 0.2},
-                "nut_server": {
-                    "serve": True,
-                    "dir": str(site_dir / "served"),  # read by dummy-ups, as nut
-                    "listen": "127.0.0.1",
-                    "port": serve_port,
-                    "clients": ["gpu2"],
-                },
+                "nut_server": _serving(site_dir, serve_port),  # its dir read by dummy-ups, as nut
             },
         )
         rig.wait("boot", 15)
@@ -55,20 +66,16 @@ def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(
 
         # NUT's config as a user makes it, then NUT's own daemons serving it, as the `nut` user.
         conf = site_dir / "nut"
-        r = subprocess.run(
-            [HOLDOVER, "nut-config", "-c", str(rig.dir / "holdover.toml"), "--out", str(conf), "--host", "127.0.0.1"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert r.returncode == 0, r.stderr
-        monitor = next(line.strip() for line in r.stdout.splitlines() if line.strip().startswith("MONITOR "))
+        monitor = _nut_config(rig, conf)
         password = (conf / "gpu2.password").read_text().strip()
         assert monitor == f"MONITOR holdover-demo@127.0.0.1:{serve_port} 1 gpu2 {password} secondary"
         with nut.NutServer(tmp_path / "served-nut", {"holdover-demo": {}}, port=serve_port, confdir=conf):
             assert _upsc(serve_port, "ups.status") == "OL"
             assert _upsc(serve_port, "ups.id") == "demo"
             assert _upsc(serve_port, "input.voltage") == ""  # not invented
+            assert _upsc(serve_port, "ups.load") == "30"  # the host UPS's
+            assert _upsc(serve_port, "ups.firmware") == FIRMWARE  # what the sentinel said at its boot
+            assert _upsc(serve_port, "driver.name") == "dummy-ups"
             with nut.Upsmon(tmp_path / "upsmon", monitor) as mon:
                 time.sleep(2)  # upsmon's first poll sees OL: nothing to say
                 rig.control.send(mains=False)
@@ -101,3 +108,33 @@ def test_a_upsmon_secondary_follows_the_sentinel_through_nuts_own_upsd(
         assert (oct(st.st_mode & 0o777), st.st_uid, st.st_gid) == ("0o640", 0, nut_gid), name  # as Debian ships NUT's
     assert oct((conf / "gpu2.password").stat().st_mode & 0o777) == "0o600"
     assert (conf / "nut.conf").read_text().splitlines()[-1] == "MODE=netserver"
+
+
+@pytest.mark.long
+def test_a_silent_sentinel_is_a_dead_ups_to_upsmon_within_its_keepalive_and_alive_again_when_heard(
+    rig_factory, tmp_path: Path, site_dir: Path
+) -> None:
+    serve_port, keepalive = free_port(), 2
+    rig = rig_factory(keepalive_s=keepalive, bridge_extra={"nut_server": _serving(site_dir, serve_port)})
+    rig.wait("boot", 15)
+    dev = site_dir / "served" / "holdover-demo.dev"
+    wait_for(lambda: dev.exists() and "ups.status: OL\n" in dev.read_text(), 10, "the served file, on line")
+    monitor = _nut_config(rig, site_dir / "nut")
+    served = nut.NutServer(tmp_path / "served-nut", {"holdover-demo": {}}, port=serve_port, confdir=site_dir / "nut")
+    with served, nut.Upsmon(tmp_path / "upsmon", monitor) as mon:
+        wait_for(lambda: _upsc(serve_port, "ups.status") == "OL", 10, "OL served")
+        time.sleep(2)  # upsmon's first polls: OL, nothing to say
+        silent_at = time.time()
+        rig.control.send(wlan=False)  # a dead radio: no FIN, the broker's keepalive fires the will
+        wait_for(lambda: "COMMBAD" in [k for _t, k in mon.said()], 30, "COMMBAD at upsmon")
+        commbad = next(t for t, k in mon.said() if k == "COMMBAD") - silent_at
+        assert _upsc(serve_port, "ups.status") == ""
+        # The will after 1.5 keepalives, then dummy-ups' read and upsmon's poll (a second each);
+        # 3 s of slack for a loaded host.
+        assert commbad < 1.5 * keepalive + 2 + 3, commbad
+        rig.control.send(wlan=True)
+        wait_for(lambda: "COMMOK" in [k for _t, k in mon.said()], 30, "COMMOK at upsmon")
+        assert _upsc(serve_port, "ups.status") == "OL"
+        said = [k for _t, k in mon.said()]
+        assert said == ["COMMBAD", "COMMOK"], said  # silent is not on battery: no ONBATT, no shutdown
+    print(f"COMMBAD {commbad:.1f} s after the radio died (keepalive {keepalive} s)")

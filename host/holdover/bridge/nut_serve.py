@@ -14,10 +14,21 @@ What a client sees, per sentinel:
 
     ups.status      OL while its mains is on, OB DISCHRG once it reports mains lost; LB when the
                     host UPS is at low battery or its runtime is under lb_runtime_s (the clients'
-                    time to shut down); FSD once holdover runs its final command
+                    time to shut down); FSD once holdover runs its final command; empty while
+                    the sentinel is silent (below)
     battery.charge  the host UPS's, when one is read ([ups]); absent otherwise, never invented
     battery.runtime the host UPS's runtime left, likewise
+    ups.load        the host UPS's load, likewise
+    ups.firmware    the firmware version the sentinel said at its boot, once it has said one
     device.*, ups.id the sentinel (holdover, its id)
+
+A sentinel gone silent (no path left: its will fired and no serial port carries it) is served with
+an empty `ups.status`. dummy-ups cannot mark its data stale, and upsmon takes an empty status as it
+takes a dead UPS (clients/upsmon.c, parse_status): COMMBAD at its next poll, COMMOK once the status
+is back, and, if it was on battery, NUT's DEADTIME rule. The other way NUT has, ending the driver so
+that upsd says "Driver not connected", needs the driver restarted by hand afterwards (dummy-ups
+exits when its file is missing; nothing brings it back outside systemd), and the bridge does not own
+NUT's daemons.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from holdover.node.ups import UpsWatch
 from holdover.settings import NutServerSettings
 
 log = logging.getLogger("holdover.nut")
+EMPTY = '""'  # an empty value spelled as NUT's config syntax spells one, not left to a bare `var:`
 
 
 def dev_path(s: NutServerSettings, sid: str) -> Path:
@@ -64,6 +76,12 @@ class NutServe(Polling):
         self.ups = ups
         self.journal = journal
         self.mains: dict[str, bool | None] = dict.fromkeys(sids)
+        self.silent: dict[str, bool] = dict.fromkeys(sids, False)
+        self.fw: dict[str, str] = {}
+        for sid in sids:
+            boots = journal.events(sid=sid, kind=protocol.BOOT, limit=1)
+            if boots and isinstance(boots[0].data.get("fw"), str):
+                self.fw[sid] = boots[0].data["fw"]
         self._event_at: dict[str, float] = {}  # when a mains event was taken: an older state must not undo it
         self._from_states()
         self.fsd = False
@@ -83,6 +101,12 @@ class NutServe(Polling):
             self.mains[event.sid] = event.kind == protocol.MAINS_RESTORED
             self._event_at[event.sid] = time.time()
             self.write(event.sid)
+        elif event.sid in self.mains and event.kind in (events.SENTINEL_OFFLINE, events.SENTINEL_ONLINE):
+            self.silent[event.sid] = event.kind == events.SENTINEL_OFFLINE
+            self.write(event.sid)
+        elif event.sid in self.mains and event.kind == protocol.BOOT and isinstance(event.data.get("fw"), str):
+            self.fw[event.sid] = event.data["fw"]
+            self.write(event.sid)
         elif event.kind == events.FINAL_COMMAND:
             self.fsd = True  # the site goes down: every client is told to, as NUT's primary would
             self.write_all()
@@ -96,6 +120,7 @@ class NutServe(Polling):
     def _from_states(self) -> None:
         """A sentinel's mains from its latest state (a boot says it there, with no event)."""
         for sid in self.mains:
+            self.silent[sid] = self.journal.status(sid) == protocol.OFFLINE
             held = self.journal.sentinel(sid) or {}
             mains = (held.get("state") or {}).get("mains")
             seen = held.get("seen_ts") or 0.0
@@ -114,12 +139,18 @@ class NutServe(Polling):
                 found["battery.charge"] = f"{r.charge:.0f}"
             if r.runtime_s is not None:
                 found["battery.runtime"] = f"{r.runtime_s:.0f}"
+            if r.load is not None:
+                found["ups.load"] = f"{r.load:.0f}"
             floor = self.s.lb_runtime_s
             under = floor > 0 and r.on_battery and r.runtime_s is not None and r.runtime_s < floor
             if r.low(self.ups.s.low_runtime_s if self.ups else 0.0) or under:
                 status.append("LB")
         if self.fsd:
             status.append("FSD")
+        if self.silent.get(sid):
+            status = []  # what upsmon takes for a dead UPS: COMMBAD
+        if sid in self.fw:
+            found["ups.firmware"] = self.fw[sid]
         return {
             "ups.status": " ".join(status),
             **found,
@@ -139,7 +170,7 @@ class NutServe(Polling):
         found = self.variables(sid)
         if found is None:
             return
-        text = "".join(f"{k}: {v}\n" for k, v in found.items())
+        text = "".join(f"{k}: {v or EMPTY}\n" for k, v in found.items())
         if self._written.get(sid) == text:
             return
         path = dev_path(self.s, sid)
@@ -152,4 +183,4 @@ class NutServe(Polling):
             return
         self._failed = None
         self._written[sid] = text
-        log.info("NUT %s%s: %s", self.s.prefix, sid, found["ups.status"])
+        log.info("NUT %s%s: %s", self.s.prefix, sid, found["ups.status"] or "silent (an empty status: COMMBAD)")

@@ -174,7 +174,9 @@ class Upsmon:
         (w / "shutdown.sh").write_text(f"#!/bin/sh\necho shutdown >> {self.shutdown}\n")
         for f in ("notify.sh", "shutdown.sh"):
             for_nut(w / f, 0o750)
-        flags = "".join(f"NOTIFYFLAG {k} EXEC\n" for k in ("ONLINE", "ONBATT", "LOWBATT", "FSD"))
+        flags = "".join(
+            f"NOTIFYFLAG {k} EXEC\n" for k in ("ONLINE", "ONBATT", "LOWBATT", "FSD", "COMMBAD", "COMMOK", "NOCOMM")
+        )
         conf = (
             f'{self.monitor}\nMINSUPPLIES 1\nSHUTDOWNCMD "{w}/shutdown.sh"\nNOTIFYCMD {w}/notify.sh\n'
             f"POLLFREQ 1\nPOLLFREQALERT 1\nHOSTSYNC 5\nDEADTIME 5\nFINALDELAY 0\n"
