@@ -40,6 +40,11 @@ def _url(v):
     return None if ok else "must be an http:// or https:// URL, or empty"
 
 
+def _node(v):
+    ok = len(v) <= 64 and all(c.isalpha() or c.isdigit() or c in "_.-" for c in v)
+    return None if ok else "must be a node's name (A-Z a-z 0-9 _ . -, at most 64), or empty"
+
+
 def _nonempty(v):
     return None if v else "must not be empty (the board would never join a network)"
 
@@ -207,6 +212,9 @@ SPEC = {
         "prefix": (str, protocol.HA_PREFIX, None),
         # The bridge's dashboard, linked from the sentinel's device page in Home Assistant ("": none).
         "url": (str, "", _url),
+        # The node whose bridge turns Home Assistant's presses into signed commands ("": not
+        # said): the button and the switch are then available only while both it and the board are.
+        "via": (str, "", _node),
     },
     "safe_mode": {
         # Consecutive crash resets (watchdog, panic) before safe mode; power-on resets never count.

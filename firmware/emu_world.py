@@ -266,8 +266,20 @@ class WLAN:
     def isconnected(self):
         return self._status == self.GOT_IP
 
-    def status(self):
-        return self._status
+    def status(self, param=None):
+        if param is None:
+            return self._status
+        if param != "rssi":
+            raise ValueError("unknown status param")
+        if self._status != self.GOT_IP:
+            # esp_wifi_sta_get_ap_info() unjoined, as the port raises it
+            raise OSError("Wifi Not Connected")
+        return int(self.world.get("rssi", -58))
+
+    def config(self, param):
+        if param != "mac":
+            raise ValueError("unknown config param")
+        return b"\x24\x6f\x28\x0a\x0b\x0c"  # an Espressif OUI, as efuse gives the chip's own
 
     def ifconfig(self):
         return ("127.0.0.1", "255.0.0.0", "127.0.0.1", "127.0.0.1")

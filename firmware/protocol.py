@@ -13,6 +13,7 @@
 import binascii
 import hashlib
 import json
+import sys
 
 VERSION = 1
 ROOT = "holdover"
@@ -117,11 +118,6 @@ def ha_config_topic(prefix, component, sid, oid):
     return "%s/%s/holdover_%s/%s/config" % (prefix, component, sid, oid)
 
 
-def ha_node_id(node):
-    # A node's device in Home Assistant, apart from the sentinels' (holdover_node_NAME).
-    return "node_" + node
-
-
 _PREFIX = b'{"sig":"'
 _MIDDLE = b'","body":'
 _SIG_HEX = 64
@@ -164,28 +160,6 @@ def node_topic(node, leaf):
     """A training node's own retained state, published by its bridge (unsigned: information for
     dashboards and phone apps; nothing acts on it). Four levels, so no sentinel topic matches."""
     return ROOT + "/" + NODE + "/" + node + "/" + leaf
-
-
-def parse_node_topic(t):
-    """(node, leaf) for a node's topic (node_topic), or None."""
-    parts = t.split("/", 3)
-    if len(parts) != 4 or parts[0] != ROOT or parts[1] != NODE or not parts[2]:
-        return None
-    return parts[2], parts[3]
-
-
-def parse_topic(t):
-    """(sid, leaf) for a holdover topic, or None."""
-    if not t.startswith(ROOT + "/"):
-        return None
-    rest = t[len(ROOT) + 1 :]
-    i = rest.find("/")
-    if i <= 0:
-        return None
-    sid, leaf = rest[:i], rest[i + 1 :]
-    if not valid_sid(sid) or leaf not in LEAVES:
-        return None
-    return sid, leaf
 
 
 class Signer:
@@ -322,18 +296,6 @@ def open_envelope(payload, signer, sid=None):
     return check_body(msg, sid)
 
 
-def peek_sid(payload):
-    """The body's sid, read without trusting it, to pick a key when the topic gives none (serial)."""
-    try:
-        msg = json.loads(unframe(payload)[1])
-    except (ValueError, UnicodeError, RuntimeError):  # RuntimeError: nesting too deep
-        raise ProtocolError(MALFORMED, "body JSON")
-    s = msg.get("sid") if isinstance(msg, dict) else None
-    if not valid_sid(s):
-        raise ProtocolError(SCHEMA, "sid: invalid %r" % (s,))
-    return s
-
-
 def check_evack(data):
     """The data of an evack body: returns [(boot, seq), ...] or raises ProtocolError(SCHEMA, ...)."""
     got = data.get("events")
@@ -362,3 +324,43 @@ def check_command(data):
     if op == OP_PULSE and (not _int(ms) or not 50 <= ms <= PULSE_MAX_MS):
         raise ProtocolError(SCHEMA, "ms: a pulse must last 50..%d ms" % PULSE_MAX_MS)
     return op, cid, ms
+
+
+# The host's half: parsing topics and picking a key by a serial line's sid, which the board never
+# does. Not defined there, where their bytecode would sit in the heap for nothing (0.5 KB).
+if sys.implementation.name != "micropython":
+
+    def ha_node_id(node):
+        # A node's device in Home Assistant, apart from the sentinels' (holdover_node_NAME).
+        return "node_" + node
+
+    def parse_node_topic(t):
+        """(node, leaf) for a node's topic (node_topic), or None."""
+        parts = t.split("/", 3)
+        if len(parts) != 4 or parts[0] != ROOT or parts[1] != NODE or not parts[2]:
+            return None
+        return parts[2], parts[3]
+
+    def parse_topic(t):
+        """(sid, leaf) for a holdover topic, or None."""
+        if not t.startswith(ROOT + "/"):
+            return None
+        rest = t[len(ROOT) + 1 :]
+        i = rest.find("/")
+        if i <= 0:
+            return None
+        sid, leaf = rest[:i], rest[i + 1 :]
+        if not valid_sid(sid) or leaf not in LEAVES:
+            return None
+        return sid, leaf
+
+    def peek_sid(payload):
+        """The body's sid, read without trusting it, to pick a key when the topic gives none (serial)."""
+        try:
+            msg = json.loads(unframe(payload)[1])
+        except (ValueError, UnicodeError, RuntimeError):  # RuntimeError: nesting too deep
+            raise ProtocolError(MALFORMED, "body JSON")
+        s = msg.get("sid") if isinstance(msg, dict) else None
+        if not valid_sid(s):
+            raise ProtocolError(SCHEMA, "sid: invalid %r" % (s,))
+        return s

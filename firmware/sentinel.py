@@ -48,7 +48,8 @@ class Sentinel:
         self._up_ms = 0
         self.raised = {}
         self.heap_hwm = 0
-        self._disco_next = None  # the next Home Assistant discovery message to send, or None
+        self._disco_due = asyncio.Event()  # a connection came up: Home Assistant's configs to send
+        self._bursting = False
         window = min(8, cfg["mqtt"]["queue_len"] // 2)  # events in RAM at once (the rest wait on flash)
         self.outbox = outbox.Outbox(board, board.outbox_path, OUTBOX_CAP, self._send_event, window)
         self.commands = commands.CommandGate(
@@ -210,6 +211,7 @@ class Sentinel:
                 "relay": self.relay.on if self.relay else None,
                 "wlan_joins": self.wifi.joins,
                 "wlan_errors": self.wifi.errors,
+                "rssi": self.wifi.rssi(),
                 "uplink": self.uplink.status() if self.uplink else None,
             }
         )
@@ -227,8 +229,7 @@ class Sentinel:
         # Birth first, so "online" is not stuck behind a backlog of queued events.
         self.mqtt.publish(protocol.topic(self.sid, protocol.STATUS), protocol.ONLINE, retain=True, first=True)
         self.publish_state()
-        if self.cfg["ha"]["discovery"] and not self.safe_mode:
-            self._disco_next = 0  # sent one at a time by the supervisor (_discover_one)
+        self._disco_due.set()
 
     # --- commands, from MQTT or the serial port --------------------------------------------
 
@@ -328,45 +329,63 @@ class Sentinel:
                 self.crashes = 0
                 self.board.nvs_set("crashes", 0)
                 self.log("boot", "stable; crash count cleared")
-            self.outbox.pump()  # resends that are due
+            if not self._bursting:
+                # Resends that are due. Not beside a discovery burst: the two at once were the
+                # heap's fullest moment (3 KB over either alone); they wait a tick, on flash.
+                self.outbox.pump()
             try:
                 self.outbox.flush()
             except OSError as e:  # a full or failing flash must not stop the watch
                 self.log("outbox", "flush failed:", repr(e))
-            self._discover_one()
-            gc.collect()
-            # The live heap, measured after a collection: before one it only shows garbage piling up.
-            live = gc.mem_alloc()
-            if live > self.heap_hwm:
-                self.heap_hwm = live
+            self._note_heap()
             await asyncio.sleep_ms(1000)
 
-    def _discover_one(self):
-        # Home Assistant's config messages go out one per supervisor tick, once the queue is
-        # short, instead of six at once on connect: they are ~700 bytes each, and the moment of
-        # a connect (birth, state, a backlog) is when the heap is fullest.
-        i = self._disco_next
-        if i is None or not self.mqtt.connected or self.mqtt.pending() > 2:
-            return
-        got = None
-        try:
-            import discovery
+    def _note_heap(self):
+        gc.collect()
+        # The live heap, measured after a collection: before one it only shows garbage piling up.
+        live = gc.mem_alloc()
+        if live > self.heap_hwm:
+            self.heap_hwm = live
 
-            msgs = discovery.messages(self.cfg, self.sid, self.board.name)
-            for _ in range(i + 1):
-                got = next(msgs, None)
-            del msgs
-        except MemoryError:
-            self.log("discovery", "out of memory; next tick")
-            return
-        finally:
-            # Its bytecode is needed a few times per connect; the heap is better spent on the queue.
-            sys.modules.pop("discovery", None)
-        if got is None:
-            self._disco_next = None
-            return
-        self.mqtt.publish(got[0], got[1], retain=True)
-        self._disco_next = i + 1
+    async def _discover(self):
+        # Home Assistant's configs go out as one burst once a connection is up, so a fresh Home
+        # Assistant has every entity within a second, each once the queue is short again: they
+        # are ~700 bytes, and a connect (birth, state, a backlog) is when the heap is fullest.
+        while True:
+            await self._disco_due.wait()
+            self._disco_due.clear()
+            # The backlog goes first: its bytes and the module's are not held at once.
+            await self._queue_short(0)
+            gc.collect()
+            self._bursting = True
+            try:
+                await self._discover_all()
+            except MemoryError:
+                self.log("discovery", "out of memory; again in a second")
+                self._disco_due.set()
+                await asyncio.sleep_ms(1000)
+            finally:
+                self._bursting = False
+                # Needed once a connect; the heap is better spent on the queue in between.
+                sys.modules.pop("discovery", None)
+                gc.collect()
+
+    async def _discover_all(self):
+        # A coroutine of its own, so that its frame, which holds the module, ends with the burst.
+        import discovery
+
+        for topic, payload in discovery.messages(self.cfg, self.sid, self.board.name, self.wifi.mac()):
+            await self._queue_short(0)
+            if self._disco_due.is_set() or not self.mqtt.connected:
+                return  # the next connection sends the whole set again
+            self.mqtt.publish(topic, payload, retain=True)
+            payload = None
+            self._note_heap()  # the burst's own peak (the module, a message queued), not left to chance
+            await asyncio.sleep_ms(0)
+
+    async def _queue_short(self, most):
+        while self.mqtt.pending() > most and self.mqtt.connected and not self._disco_due.is_set():
+            await asyncio.sleep_ms(20)
 
     async def _heartbeat(self):
         period = self.cfg["heartbeat_s"] * 1000
@@ -439,6 +458,8 @@ class Sentinel:
             tasks.append(("uplink", self.uplink.run))
         if self.led:
             tasks.append(("led", self.led.run))
+        if self.cfg["ha"]["discovery"] and not self.safe_mode:
+            tasks.append(("discovery", self._discover))
         await asyncio.gather(*[asyncio.create_task(self._keep(n, f)) for n, f in tasks])
 
     async def _keep(self, name, start):

@@ -34,6 +34,22 @@ class WifiKeeper:
         self.log("wlan", "connecting to", self.cfg["ssid"])
         self._call("connect", self.cfg["ssid"], self.cfg["password"])
 
+    def rssi(self):
+        # Only while joined: unjoined, the port raises ("Wifi Not Connected"), which is no
+        # error of the link worth counting.
+        if not self.up:
+            return None
+        try:
+            return self.wlan.status("rssi")
+        except (OSError, ValueError):
+            return None
+
+    def mac(self):
+        try:
+            return ":".join("%02x" % b for b in self.wlan.config("mac"))
+        except (OSError, ValueError):
+            return None
+
     async def run(self):
         import asyncio
 

@@ -15,6 +15,8 @@ from typing import Any
 
 # Abbreviations holdover uses (HA expands each to its full key before validating).
 ABBREVIATIONS = {
+    "avty": "availability",
+    "avty_mode": "availability_mode",
     "avty_t": "availability_topic",
     "cmd_t": "command_topic",
     "dev": "device",
@@ -35,6 +37,7 @@ ABBREVIATIONS = {
     "val_tpl": "value_template",
 }
 DEVICE_ABBREVIATIONS = {
+    "cns": "connections",
     "ids": "identifiers",
     "mf": "manufacturer",
     "mdl": "model",
@@ -48,6 +51,8 @@ COMMON = {
     "object_id",
     "default_entity_id",
     "availability_topic",
+    "availability",
+    "availability_mode",
     "device",
     "entity_category",
     "icon",
@@ -108,6 +113,7 @@ SENSOR_CLASSES: dict[str | None, tuple[set[str | None], set[str]]] = {
     "battery": ({"%"}, {"measurement"}),
     "voltage": ({"V", "mV", "µV", "kV", "MV"}, {"measurement"}),
     "duration": ({"d", "h", "min", "s", "ms", "µs"}, {"measurement", "total", "total_increasing"}),
+    "signal_strength": ({"dB", "dBm"}, {"measurement"}),
     "enum": ({None}, set()),
 }
 ENTITY_CATEGORIES = {"config", "diagnostic"}
@@ -142,10 +148,33 @@ def check(topic: str, config: dict[str, Any]) -> list[str]:
     for k in ("state_topic", "command_topic", "availability_topic", "json_attributes_topic"):
         if k in c and not (isinstance(c[k], str) and TOPIC_RE.match(c[k])):
             problems.append(f"{k} {c.get(k)!r} is not a topic to publish to (no wildcards)")
+    # availability_topic and an availability list exclude each other (vol.Exclusive); each item of
+    # the list is a topic, and the mode is one of three.
+    if "availability" in c:
+        if "availability_topic" in c:
+            problems.append("availability and availability_topic cannot both be given")
+        items = c["availability"]
+        if not isinstance(items, list) or not items:
+            problems.append("availability must be a non-empty list")
+        else:
+            for item in items:
+                t = item.get("topic") if isinstance(item, dict) else None
+                if not (isinstance(t, str) and TOPIC_RE.match(t)) or set(item) - {
+                    "topic",
+                    "payload_available",
+                    "payload_not_available",
+                    "value_template",
+                }:
+                    problems.append(f"availability item {item!r} is not {{topic: ...}}")
+    if "availability_mode" in c and c["availability_mode"] not in ("all", "any", "latest"):
+        problems.append(f"availability_mode {c['availability_mode']!r} is not all, any or latest")
     if "device" in c:
         d = c["device"]
         if not d.get("identifiers") and not d.get("connections"):
             problems.append("device needs identifiers or connections")
+        for pair in d.get("connections") or []:
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+                problems.append(f"device connection {pair!r} is not [type, value]")
         url = d.get("configuration_url")
         if url is not None and not re.match(r"^(https?|homeassistant)://\S+$", str(url)):
             problems.append(f"device configuration_url {url!r} is not an http(s) or homeassistant:// URL")

@@ -15,8 +15,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 import holdover
 from ha_rules import check
+from holdover.bridge.node_report import NodeReport
 from holdover.firmware import protocol
 from holdover.journal import Journal
+from holdover.lab import nut
+from holdover.settings import Settings
 from support import Listener, wait_for
 
 RELAY = {"relay": {"pin": 26, "min_interval_ms": 0, "cycle_after_s": 0, "cycle_ms": 400}}
@@ -84,6 +87,9 @@ def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory,
             ("sensor", "runtime"),
             ("binary_sensor", "modem_power"),
             ("button", "power_cycle"),
+            ("sensor", "rssi"),
+            ("sensor", "uptime"),
+            ("sensor", "reset_cause"),
         ]
     }
     node_id = protocol.ha_node_id(NODE)
@@ -113,9 +119,19 @@ def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory,
     modem = got[protocol.ha_config_topic("homeassistant", "binary_sensor", rig.sid, "modem_power")]
     assert (modem["name"], modem["dev_cla"]) == ("Modem power", "power")
     assert "'OFF' if d.relay else 'ON'" in modem["val_tpl"]
-    for t, c in got.items():
-        assert c["dev"]["sw"] == holdover.__version__, t
-        assert c["dev"]["cu"] == "http://holdover.lan:8787/", t
+    # Each device in full at least once, Home Assistant tying the rest to it by its id; the
+    # sentinel's carries its MAC, as an ESPHome device's does.
+    full = {c["dev"]["ids"][0]: c["dev"] for c in got.values() if "name" in c["dev"]}
+    assert set(full) == {f"holdover_{rig.sid}", f"holdover_{node_id}"}, full
+    assert {c["dev"]["ids"][0] for c in got.values()} == set(full)
+    for d in full.values():
+        assert (d["sw"], d["cu"]) == (holdover.__version__, "http://holdover.lan:8787/"), d
+    assert full[f"holdover_{rig.sid}"]["cns"] == [["mac", "24:6f:28:0a:0b:0c"]]
+    # What an ESPHome device shows of itself, read from the board's state.
+    rssi = got[protocol.ha_config_topic("homeassistant", "sensor", rig.sid, "rssi")]
+    assert (rssi["dev_cla"], rssi["unit_of_meas"], rssi["ent_cat"]) == ("signal_strength", "dBm", "diagnostic")
+    state = rig.board_state()
+    assert state["rssi"] == -58 and state["reset_cause"] == "power_on" and state["uptime_ms"] > 0, state
 
     # The node: its own device, its state, its availability.
     line = got[protocol.ha_config_topic("homeassistant", "binary_sensor", node_id, "line_power")]
@@ -169,16 +185,28 @@ def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory,
 
 
 def test_on_the_normally_open_contact_the_relay_is_a_switch_and_a_cycle_releases_the_coil(rig_factory) -> None:
-    rig = rig_factory(firmware={"relay": {**RELAY["relay"], "wiring": "no"}})
+    rig = rig_factory(
+        firmware={"relay": {**RELAY["relay"], "wiring": "no"}, "ha": {"via": NODE}},
+        bridge_extra={"failover": {"node": NODE}},
+    )
     boot = rig.wait("boot", 15)
-    got = _retained(rig, protocol.ha_config_topic("homeassistant", "+", rig.sid, "+"), 3)
+    got = _retained(rig, protocol.ha_config_topic("homeassistant", "+", rig.sid, "+"), 6)
     switch = protocol.ha_config_topic("homeassistant", "switch", rig.sid, "modem_power")
+    button = protocol.ha_config_topic("homeassistant", "button", rig.sid, "power_cycle")
     assert set(got) == {
         protocol.ha_config_topic("homeassistant", "binary_sensor", rig.sid, "mains"),
         switch,
-        protocol.ha_config_topic("homeassistant", "button", rig.sid, "power_cycle"),
+        button,
+        *(protocol.ha_config_topic("homeassistant", "sensor", rig.sid, o) for o in ("rssi", "uptime", "reset_cause")),
     }, sorted(got)
     assert [p for t, c in got.items() for p in check(t, c)] == []
+    # What a press reaches goes through this node's bridge (the board's ha.via): available only
+    # while both are; a reading needs the board alone.
+    both = [{"topic": protocol.topic(rig.sid, protocol.STATUS)}, {"topic": protocol.node_topic(NODE, protocol.STATUS)}]
+    for t in (switch, button):
+        assert (got[t]["avty"], got[t]["avty_mode"], "avty_t" in got[t]) == (both, "all", False), got[t]
+    mains = got[protocol.ha_config_topic("homeassistant", "binary_sensor", rig.sid, "mains")]
+    assert mains["avty_t"] == protocol.topic(rig.sid, protocol.STATUS) and "avty" not in mains
     assert (got[switch]["name"], got[switch]["cmd_t"]) == ("Modem power", protocol.topic(rig.sid, "relay/set"))
     assert "'ON' if d.relay else 'OFF'" in got[switch]["val_tpl"]
     # The coil rests energised (the modem on); the button's cycle releases it, then energises it again.
@@ -267,3 +295,85 @@ def test_each_run_is_an_entity_while_it_is_listed_and_leaves_when_it_is_not(tmp_
     b.node_report.report([])  # the run no longer listed: its entities emptied
     assert sorted((t, p) for t, p in sent if "config" in t) == sorted((t, b"") for t in run_topics)
     b.journal.close()
+
+
+@pytest.mark.skipif(not nut.available(), reason="needs Debian's nut-server (scripts/ensure-system-deps.sh)")
+def test_the_host_ups_is_shown_as_home_assistants_nut_integration_shows_one(rig_factory, tmp_path: Path) -> None:
+    online = {"ups.status": "OL", "battery.charge": "100", "battery.runtime": "900", "ups.load": "30"}
+    with nut.NutServer(tmp_path / "nut", {"hostups": online}) as ups:
+        rig = rig_factory(
+            emulator=False,
+            protect={"registry": str(tmp_path / "reg"), "grace": 60},
+            bridge_extra={"failover": {"node": NODE}, "ups": {"nut": f"hostups@127.0.0.1:{ups.port}", "poll_s": 0.2}},
+        )
+        node_id = protocol.ha_node_id(NODE)
+        want = [
+            ("sensor", "ups_status"),
+            ("binary_sensor", "ups_on_battery"),
+            ("binary_sensor", "ups_low_battery"),
+            ("sensor", "ups_load"),
+            ("sensor", "ups_runtime"),
+            ("sensor", "ups_charge"),
+        ]
+        topics = {protocol.ha_config_topic("homeassistant", c, node_id, o): (c, o) for c, o in want}
+        got = _retained(rig, protocol.ha_config_topic("homeassistant", "+", node_id, "+"), 9)
+        assert set(topics) <= set(got), sorted(got)
+        assert [p for t, c in got.items() for p in check(t, c)] == []
+        status = got[protocol.ha_config_topic("homeassistant", "sensor", node_id, "ups_status")]
+        assert (status["dev_cla"], status["ops"]) == ("enum", ["online", "on_battery", "low_battery", "stale"])
+        low = got[protocol.ha_config_topic("homeassistant", "binary_sensor", node_id, "ups_low_battery")]
+        assert low["dev_cla"] == "battery"  # on = low, as Home Assistant reads a battery binary sensor
+
+        # Each state as the node's retained state carries it, read by those templates.
+        lis = Listener(rig, [protocol.node_topic(NODE, protocol.STATE)])
+        try:
+
+            def reads(word: str, **ups_has: object) -> bool:
+                try:
+                    while True:
+                        _t, p, _r = lis.next(0.2)
+                        state = json.loads(p)
+                        if state["ups_status"] == word and all(
+                            (state["ups"] or {}).get(k) == v for k, v in ups_has.items()
+                        ):
+                            return True
+                except TimeoutError:
+                    return False
+
+            wait_for(lambda: reads("online", load=30.0, charge=100.0), 15, "online, 30 % load")
+            ups.set("hostups", **{**online, "ups.status": "OB DISCHRG", "ups.load": "55"})
+            wait_for(lambda: reads("on_battery", load=55.0), 15, "on battery")
+            ups.set("hostups", **{**online, "ups.status": "OB DISCHRG LB", "battery.runtime": "40"})
+            wait_for(lambda: reads("low_battery"), 15, "low battery")
+            ups.stop_upsd()  # NUT's server gone: the node says stale, not its last word
+            wait_for(lambda: reads("stale"), 20, "stale")
+        finally:
+            lis.close()
+
+
+def test_the_uplink_in_use_and_its_state_are_enums_of_the_nodes_own_uplinks(tmp_path: Path) -> None:
+    s = Settings.model_validate(
+        {
+            "journal": {"path": str(tmp_path / "j.db")},
+            "failover": {
+                "node": NODE,
+                "targets": ["192.0.2.1"],
+                "uplinks": [
+                    {"name": "wan", "dev": "wan0", "gateway": "192.0.2.254"},
+                    {"name": "lte", "dev": "wwan0", "gateway": "198.51.100.1"},
+                ],
+            },
+        }
+    )
+    seen: list[tuple[bool, str | None]] = [(False, None)]
+    report = NodeReport(s, None, lambda *a: None, None, None, lambda: seen[0], None)  # type: ignore[arg-type]
+    got = dict(report.discovery([]))
+    node_id = protocol.ha_node_id(NODE)
+    in_use = got[protocol.ha_config_topic("homeassistant", "sensor", node_id, "uplink")]
+    status = got[protocol.ha_config_topic("homeassistant", "sensor", node_id, "uplink_status")]
+    assert (in_use["ops"], status["ops"]) == (["wan", "lte"], ["up", "on_backup", "down"])
+    assert [p for t, c in got.items() for p in check(t, c)] == []
+    words = []
+    for heard_active in [(False, None), (True, "wan"), (True, "lte"), (True, None)]:
+        words.append(report._uplink_status(*heard_active))
+    assert words == [None, "up", "on_backup", "down"]  # before failover's first word: unknown, not down

@@ -34,6 +34,10 @@ REPORT_EVERY_S = 30.0
 WATCH_S = 1.0  # how often the runs' registrations are looked at (a stat each)
 SOON_S = 0.3  # events come in bursts (a cut: mains_lost, ups_on_battery, the grace): one state for them
 RESCUE_PHASES = ["idle", "grace", "saving"]
+# The host UPS in the words of Home Assistant's NUT integration: its status, and "stale" when it
+# cannot be read (NUT's "data stale", upsd gone, a garbled answer: UpsWatch.problem).
+UPS_STATES = ["online", "on_battery", "low_battery", "stale"]
+UPLINK_STATES = ["up", "on_backup", "down"]  # the primary carrying traffic, a backup, or none
 # Jinja for Home Assistant, on the state's JSON: each entity reads one field of it.
 _UNKNOWN = "None"  # what Home Assistant takes as "unknown" from a template
 
@@ -63,7 +67,7 @@ class NodeReport:
         publish: Callable[[str, bytes, bool], None],
         ups: UpsWatch | None,
         rescuer: Rescuer,
-        uplink: Callable[[], str | None],
+        uplink: Callable[[], tuple[bool, str | None]],  # (failover heard yet, the uplink in use)
         node_event: Callable[[str, dict[str, Any]], Event],
     ) -> None:
         self.s = settings
@@ -181,6 +185,7 @@ class NodeReport:
             on_battery = bool(self._mains_lost)
         view = self.rescuer.view()
         phase = "saving" if view["active"] else "grace" if view["grace_until"] else "idle"
+        heard, uplink = self.uplink()
         return {
             "node": self.node,
             "ts": round(time.time(), 3),
@@ -190,7 +195,9 @@ class NodeReport:
             "power_from": "ups" if ups is not None else "sentinels",
             "mains_lost_at": sorted(self._mains_lost),
             "ups": ups,
-            "uplink": self.uplink(),
+            "ups_status": self._ups_status(latest),
+            "uplink": uplink,
+            "uplink_status": self._uplink_status(heard, uplink),
             "rescue": phase,
             "runs": {
                 r["name"]: {
@@ -202,6 +209,25 @@ class NodeReport:
                 for r in runs
             },
         }
+
+    def _ups_status(self, latest: Any) -> str | None:
+        if not self.s.ups.enabled or self.ups is None:
+            return None
+        if self.ups.problem is not None:
+            return "stale"
+        if latest is None or latest.fixed:
+            return None  # nothing read yet, or no UPS to read (runtime_s only): unknown
+        if latest.low(self.s.ups.low_runtime_s):
+            return "low_battery"
+        return "on_battery" if latest.on_battery else "online"
+
+    def _uplink_status(self, heard: bool, active: str | None) -> str | None:
+        uplinks = self.s.failover.uplinks
+        if not uplinks or not heard:
+            return None
+        if active is None:
+            return "down"
+        return "up" if active == uplinks[0].name else "on_backup"
 
     # --- Home Assistant --------------------------------------------------------------------------
 
@@ -278,8 +304,67 @@ class NodeReport:
                     stat_cla="measurement",
                 ),
             ]
+        if self.s.ups.enabled:
+            # What Home Assistant's NUT integration shows of a UPS, read by this node.
+            status = "value_json.ups_status"
+            out += [
+                self._entity(
+                    "sensor",
+                    "ups_status",
+                    "UPS status",
+                    f"{status} if {status} else {_UNKNOWN}",
+                    dev_cla="enum",
+                    ops=UPS_STATES,
+                    ic="mdi:power-plug-battery",
+                ),
+                self._entity(
+                    "binary_sensor",
+                    "ups_on_battery",
+                    "UPS on battery",
+                    f"'ON' if {status} in ['on_battery', 'low_battery'] else "
+                    f"'OFF' if {status} == 'online' else {_UNKNOWN}",
+                    ic="mdi:battery-arrow-down",
+                ),
+                self._entity(
+                    "binary_sensor",
+                    "ups_low_battery",
+                    "UPS low battery",
+                    f"'ON' if {status} == 'low_battery' else "
+                    f"'OFF' if {status} in ['online', 'on_battery'] else {_UNKNOWN}",
+                    dev_cla="battery",
+                ),
+                self._entity(
+                    "sensor",
+                    "ups_load",
+                    "UPS load",
+                    f"value_json.ups.load if value_json.ups and value_json.ups.load is not none else {_UNKNOWN}",
+                    unit_of_meas="%",
+                    stat_cla="measurement",
+                    ic="mdi:gauge",
+                ),
+            ]
         if self.s.failover.uplinks:
-            out.append(self._entity("sensor", "uplink", "Uplink in use", "value_json.uplink", ic="mdi:wan"))
+            names = [u.name for u in self.s.failover.uplinks]
+            out += [
+                self._entity(
+                    "sensor",
+                    "uplink",
+                    "Uplink in use",
+                    f"value_json.uplink if value_json.uplink in {json.dumps(names)} else {_UNKNOWN}",
+                    dev_cla="enum",
+                    ops=names,
+                    ic="mdi:wan",
+                ),
+                self._entity(
+                    "sensor",
+                    "uplink_status",
+                    "Uplink status",
+                    f"value_json.uplink_status if value_json.uplink_status else {_UNKNOWN}",
+                    dev_cla="enum",
+                    ops=UPLINK_STATES,
+                    ic="mdi:wan",
+                ),
+            ]
         for r in runs:
             out += self._run_entities(r["name"])
         return out

@@ -131,13 +131,14 @@ class Bridge:
         if self.circuits is not None:
             self.reactions.append(self.circuits)
         self._uplink_active: str | None = None  # from failover's last state
+        self._uplink_heard = False  # a state from failover yet: before one, None is not "down"
         self.node_report = NodeReport(
             self.settings,
             self.journal,
             self._publish,
             self.ups,
             self.rescuer,
-            lambda: self._uplink_active,
+            lambda: (self._uplink_heard, self._uplink_active),
             self.node_event,
         )
         self.reactions.append(self.node_report)
@@ -286,6 +287,7 @@ class Bridge:
     def _node_uplinks(self, state: dict[str, Any]) -> None:
         """The node's uplink state, retained on MQTT for dashboards and phone apps on the LAN."""
         self._uplink_active = state.get("active")
+        self._uplink_heard = True
         if self.link is not None:
             body = {"node": self.settings.failover.node, "ts": round(time.time(), 3), **state}
             topic = protocol.node_topic(self.settings.failover.node, protocol.UPLINK)

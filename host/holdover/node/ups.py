@@ -60,7 +60,7 @@ class UpsReading:
     def summary(self) -> dict[str, Any]:
         """The reading as events and the node's retained state carry it."""
         rt = None if self.runtime_s is None else round(self.runtime_s)
-        return {"status": " ".join(self.status), "runtime_s": rt, "charge": self.charge}
+        return {"status": " ".join(self.status), "runtime_s": rt, "charge": self.charge, "load": self.load}
 
     def describe(self) -> str:
         if self.fixed:
