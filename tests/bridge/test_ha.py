@@ -95,7 +95,12 @@ def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory,
     node_id = protocol.ha_node_id(NODE)
     node = {
         protocol.ha_config_topic("homeassistant", c, node_id, o)
-        for c, o in [("binary_sensor", "line_power"), ("sensor", "rescue"), ("button", "checkpoint")]
+        for c, o in [
+            ("binary_sensor", "line_power"),
+            ("sensor", "rescue"),
+            ("sensor", "runs_at_risk"),
+            ("button", "checkpoint"),
+        ]
     }
     got = _retained(rig, "homeassistant/#", len(sentinel) + len(node))
     assert set(got) == sentinel | node, sorted(got)

@@ -125,7 +125,9 @@ def test_a_node_ready_for_an_outage_passes_every_check(tmp_path: Path) -> None:
             subprocess.run(["tmux", "-S", str(tmp_path / "tmux.sock"), "kill-server"], capture_output=True)
     assert {c["status"] for c in checks.values()} <= {"pass", "skip"}, json.dumps(checks, indent=1)
     assert rc == 0
-    assert len(checks) == 14 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    assert len(checks) == 15 and checks["gcore can dump a run that cannot save"]["status"] == "pass"
+    together = checks["a cut now saves every protected run"]["detail"]
+    assert together == "with 8 min 50 s to save in (UPS hostups: 600 s left): exp1 20 s", together
     assert "MB; heartbeats and refused messages kept 7 days" in checks["the journal's size is bounded"]["detail"]
     assert checks["the host's UPS sets the deadline"]["detail"].endswith(": OL, 100 %, 600 s left, load 40 %")
     fits = checks["an emergency checkpoint of exp1 fits the UPS's runtime"]["detail"]

@@ -115,6 +115,8 @@ def test_the_api_shows_a_power_cut_live_within_2s(api) -> None:
     assert 'holdover_sentinel_online{sentinel="demo"} 1.0' in metrics
     assert 'holdover_mains_present{sentinel="demo"} 0.0' in metrics
     assert 'holdover_events_total{kind="mains_lost",sentinel="demo"} 1.0' in metrics
+    # What a cut now would save (node/plan.py): here no protected run, so none either way.
+    assert 'holdover_rescue_plan_runs{fits="yes"} 0.0' in metrics and "holdover_rescue_plan_budget_seconds" in metrics
     promtool_check(metrics)
     assert client.get("/api/failover").json()["configured"] is False
     assert client.get("/api/runs").status_code == 200 and client.get("/api/checkpoints").json() == []

@@ -22,10 +22,10 @@ import holdover
 from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
-from holdover.node import launch
+from holdover.node import launch, plan
 from holdover.node.rescue import Rescuer
 from holdover.node.targets import registry_dir
-from holdover.node.ups import UpsWatch
+from holdover.node.ups import UpsWatch, runtime_from
 from holdover.settings import Settings
 
 log = logging.getLogger("holdover.node_report")
@@ -186,6 +186,8 @@ class NodeReport:
         view = self.rescuer.view()
         phase = "saving" if view["active"] else "grace" if view["grace_until"] else "idle"
         heard, uplink = self.uplink()
+        problem = self.ups.problem if self.ups is not None else None
+        rt = runtime_from(self.s.ups, self.ups.latest if self.ups else None, problem, self.s.protect.runtime_default)
         return {
             "node": self.node,
             "ts": round(time.time(), 3),
@@ -199,6 +201,7 @@ class NodeReport:
             "uplink": uplink,
             "uplink_status": self._uplink_status(heard, uplink),
             "rescue": phase,
+            "plan": plan.for_node(self.s.protect, rt).as_dict(),  # what a cut now would save (node/plan.py)
             "runs": {
                 r["name"]: {
                     "state": r["state"],
@@ -272,6 +275,17 @@ class NodeReport:
                 dev_cla="enum",
                 ops=RESCUE_PHASES,
                 ic="mdi:content-save-alert",
+            ),
+            self._entity(
+                "sensor",
+                "runs_at_risk",
+                "Runs a cut would not save",
+                "value_json.plan.cannot | length",
+                stat_cla="measurement",
+                ic="mdi:content-save-alert-outline",
+                json_attr_t=self.state_topic,
+                json_attr_tpl="{{ {'plan': value_json.plan.sentence, 'kept_s': value_json.plan.kept_s, "
+                "'lost_s': value_json.plan.lost_s} | tojson }}",
             ),
             self._entity(
                 "button",

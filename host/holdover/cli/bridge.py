@@ -250,6 +250,7 @@ def status(
             "ups": snapshot.ups(cfg, reading, problem),
             "sentinels": snapshot.sentinels(j, [s.id for s in cfg.sentinels]),
             "runs": launch.recover(cfg.protect.registry),
+            "plan": snapshot.rescue_plan(cfg, reading, problem),
             "uplinks": snapshot.uplinks(j),
             "checkpoints": snapshot.checkpoints(j, 5),
             "slurm": snapshot.slurm(j, cfg),
@@ -306,6 +307,9 @@ def status(
     for r in st["runs"]:
         if line := describe_job(r):
             out.print(f"{escape(r['name'])}: {escape(line)}", soft_wrap=True)
+    plan = st["plan"]
+    colour = "yellow" if plan["cannot"] else "green"
+    out.print(f"rescue plan: [{colour}]{escape(plan['sentence'])}[/{colour}]", soft_wrap=True)
     up = st["uplinks"]
     out.print(
         f"uplink: {up['active'] or 'primary (no failover recorded)'}"

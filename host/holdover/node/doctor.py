@@ -21,6 +21,7 @@ import psutil
 from holdover import proc
 from holdover.journal import Journal
 from holdover.mqtt_session import SessionError, session
+from holdover.node import plan
 from holdover.node import targets as targets_mod
 from holdover.node.checks import FAIL, PASS, SKIP, WARN, Check
 from holdover.node.ups import Runtime, UpsReading, read_once, runtime_from
@@ -51,6 +52,7 @@ class Doctor:
             *self.disk_space(),
             self.ups(),
             *self.checkpoint_fits(),
+            *self.rescue_plan(),
             self.gdb(),
             self.broker(),
             self.one_bridge(),
@@ -143,6 +145,23 @@ class Doctor:
             else:
                 out.append(Check(name, PASS, detail))
         return out
+
+    def rescue_plan(self) -> list[Check]:
+        """Every run's save together, one at a time per disk, against the same runtime: each may
+        fit alone while not all of them fit in turn (node/plan.py)."""
+        p = plan.for_node(self.cfg.protect, self._runtime())
+        if not p.fits and not p.cannot:
+            return []
+        name = "a cut now saves every protected run"
+        if not p.cannot:
+            return [Check(name, PASS, p.sentence())]
+        fix = (
+            "save the runs that do not fit periodically (the Guard's interval), so a cut loses little of them; "
+            "or a bigger UPS, a faster checkpoint disk, or checkpoints on another disk"
+        )
+        # Only a run measured and shown not to fit fails; one never saved yet, or a guessed runtime, warns.
+        measured_out = any(r.save_s is not None for r, _why in p.cannot)
+        return [Check(name, FAIL if measured_out and not p.guess else WARN, p.sentence(), fix)]
 
     def ups(self) -> Check:
         """What sets an emergency's deadline: the host's UPS, read now as the bridge reads it."""

@@ -12,6 +12,7 @@ from typing import Any
 from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
+from holdover.node import plan
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.node.ups import UpsReading, UpsWatch, runtime_from
 from holdover.settings import Settings
@@ -117,6 +118,12 @@ def ups(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, A
         "guess": rt.guess,
         "guess_why": rt.why or None,
     }
+
+
+def rescue_plan(cfg: Settings, r: UpsReading | None, problem: str | None) -> dict[str, Any]:
+    """What a cut now would save, in what order, against the runtime the rescue would take (node/plan.py)."""
+    rt = runtime_from(cfg.ups, r, problem, cfg.protect.runtime_default)
+    return plan.for_node(cfg.protect, rt).as_dict()
 
 
 def watched_ups(cfg: Settings, watch: UpsWatch | None) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class BridgeCollector(Collector):
             unsent.add_metric([ch], float(waiting.get(ch, 0)))  # every channel, 0 too: absent is not "none"
         yield unsent
         yield from self._ups()
+        yield from self._plan()
         if b.failover is not None:
             fo = GaugeMetricFamily("holdover_uplink_judged_up", "the node's own verdict per uplink", labels=["uplink"])
             for name, h in b.failover.health.items():
@@ -73,6 +74,35 @@ class BridgeCollector(Collector):
                     fo.add_metric([name], 1.0 if h.up else 0.0)
             yield fo
             yield CounterMetricFamily("holdover_failover_switches", "route switches", value=b.failover.switches)
+
+    def _plan(self) -> Iterator[GaugeMetricFamily]:
+        b = self.bridge
+        ups = b.ups
+        p = snapshot.rescue_plan(b.settings, ups.latest if ups else None, ups.problem if ups else None)
+        runs = GaugeMetricFamily(
+            "holdover_rescue_plan_runs", "protected runs a cut now would save, or not", labels=["fits"]
+        )
+        runs.add_metric(["yes"], float(len(p["order"])))
+        runs.add_metric(["no"], float(len(p["cannot"])))
+        yield runs
+        for metric, help_, key in (
+            (
+                "holdover_rescue_plan_kept_seconds",
+                "compute a cut now would keep (age x ranks of the runs that fit)",
+                "kept_s",
+            ),
+            (
+                "holdover_rescue_plan_lost_seconds",
+                "compute a cut now would lose (of the runs that cannot fit)",
+                "lost_s",
+            ),
+            (
+                "holdover_rescue_plan_budget_seconds",
+                "the time to save in: the runtime less margin and grace",
+                "budget_s",
+            ),
+        ):
+            yield GaugeMetricFamily(metric, help_, value=float(p[key]))
 
     def _ups(self) -> Iterator[GaugeMetricFamily]:
         u = snapshot.watched_ups(self.bridge.settings, self.bridge.ups)

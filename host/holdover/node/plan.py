@@ -1,0 +1,204 @@
+"""The rescue plan: what a cut would save, worked out before one, against the host UPS's runtime.
+
+Each protected run costs its last save's time (its own measured write, the bytes over the seconds
+its ranks here took) and is worth the compute since its newest verified checkpoint (that age times
+its ranks: what a cut now throws away). Saves that share a disk share its bandwidth, so several at
+once all finish late; one at a time, each at the rate it was measured at, the first are safe early.
+So each device (a checkpoint directory's filesystem) is a lane of its own, the lanes run side by
+side, and in a lane the plan picks the runs whose saves fit the time left with the most compute kept
+(a knapsack, exact for the handful of runs a box holds), in the order of compute kept per second of
+saving, so a runtime that falls short costs the least. A run that cannot fit, or whose save was
+never measured, is said with what happens to it instead: its last periodic checkpoint stands.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any
+
+from holdover.events import duration
+from holdover.node.targets import registry_dir
+from holdover.node.ups import Runtime
+from holdover.settings import ProtectSettings
+from holdover.train import registry
+from holdover.train.registry import Registration
+
+EXACT_UP_TO = 14  # runs in one lane planned exactly (2^14 subsets); beyond, by compute kept per second
+
+
+@dataclass
+class RunCost:
+    """One protected run as the plan sees it: its ranks on this node taken together."""
+
+    name: str
+    ranks: int  # its registrations here, which save side by side
+    world: int  # its ranks overall, the compute a lost hour costs
+    device: int | None  # st_dev of its checkpoint directory: saves there share that disk
+    save_s: float | None  # its last save's time (the slowest rank here); None: never measured
+    nbytes: int  # that save's bytes, every rank here
+    age_s: float | None  # since its newest save; None: never saved
+
+    @property
+    def worth_s(self) -> float:
+        """Compute at risk: what a cut now would lose (the age, times its ranks)."""
+        return (self.age_s or 0.0) * max(self.world, 1)
+
+
+@dataclass
+class Slot:
+    run: RunCost
+    start_s: float  # from the start of the saving (the grace over)
+    end_s: float
+
+
+@dataclass
+class Plan:
+    budget_s: float  # the time to save in: the runtime, less the margin and the grace
+    runtime_s: float
+    runtime_said: str  # where the runtime comes from, "a guess" when it is one
+    guess: bool
+    lanes: list[list[Slot]] = field(default_factory=list)
+    cannot: list[tuple[RunCost, str]] = field(default_factory=list)
+
+    @property
+    def fits(self) -> list[Slot]:
+        return sorted((s for lane in self.lanes for s in lane), key=lambda s: s.start_s)
+
+    @property
+    def kept_s(self) -> float:
+        return sum(s.run.worth_s for s in self.fits)
+
+    @property
+    def lost_s(self) -> float:
+        return sum(r.worth_s for r, _why in self.cannot)
+
+    def sentence(self) -> str:
+        """The plan as a person reads it: "with 6 min 58 s of UPS: llama 3 min 10 s, ...; vit cannot fit: ..."."""
+        if not self.fits and not self.cannot:
+            return "no protected run"
+        head = f"with {duration(self.budget_s)} to save in ({self.runtime_said})"
+        saves = [f"{s.run.name} {duration(s.end_s - s.start_s)}" for s in self.fits]
+        out = head + (": " + ", ".join(saves) if saves else ": nothing fits")
+        if len(self.lanes) > 1:
+            out += f" ({len(self.lanes)} disks side by side)"
+        for r, why in self.cannot:
+            out += f"; {r.name} {why}"
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "budget_s": round(self.budget_s, 1),
+            "runtime_s": round(self.runtime_s, 1),
+            "runtime_said": self.runtime_said,
+            "guess": self.guess,
+            "order": [
+                {"run": s.run.name, "start_s": round(s.start_s, 1), "end_s": round(s.end_s, 1), "lane": i}
+                for i, lane in enumerate(self.lanes)
+                for s in lane
+            ],
+            "cannot": [{"run": r.name, "why": why, "age_s": r.age_s} for r, why in self.cannot],
+            "kept_s": round(self.kept_s),
+            "lost_s": round(self.lost_s),
+            "sentence": self.sentence(),
+        }
+
+
+def for_node(protect: ProtectSettings, rt: Runtime, now: float | None = None) -> Plan:
+    """The plan for the runs protected on this node now, against the runtime the rescue would take."""
+    regs, _problems = registry.read_registrations(registry_dir(protect))
+    live = [r for r in regs if registry.pid_alive(r.pid)]
+    return plan(costs(live, now), rt.seconds, rt.said, rt.guess, protect.margin, protect.grace)
+
+
+def costs(regs: list[Registration], now: float | None = None) -> list[RunCost]:
+    """The runs of these registrations, each rank of a run on this node folded into one."""
+    now = time.time() if now is None else now
+    by_name: dict[str, list[Registration]] = {}
+    for r in regs:
+        by_name.setdefault(r.name, []).append(r)
+    out = []
+    for name, ranks in sorted(by_name.items()):
+        saves = [r.last_save for r in ranks]
+        measured = all(s is not None and s.seconds > 0 for s in saves)
+        newest = min((s.at for s in saves if s is not None), default=None)  # the run's checkpoint: every rank's
+        out.append(
+            RunCost(
+                name=name,
+                ranks=len(ranks),
+                world=max(r.world for r in ranks),
+                device=_device(ranks[0].ckpt_dir),
+                save_s=max(s.seconds for s in saves if s is not None) if measured else None,
+                nbytes=sum(s.nbytes for s in saves if s is not None),
+                age_s=None if newest is None or not all(saves) else max(now - newest, 0.0),
+            )
+        )
+    return out
+
+
+def _device(path: str) -> int | None:
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def plan(
+    runs: list[RunCost], runtime_s: float, runtime_said: str, guess: bool, margin_s: float, grace_s: float
+) -> Plan:
+    budget = max(runtime_s - margin_s - grace_s, 0.0)
+    p = Plan(budget, runtime_s, runtime_said, guess)
+    lanes: dict[int | None, list[RunCost]] = {}
+    for r in runs:
+        if r.save_s is None:
+            p.cannot.append((r, "has no save measured yet: it is asked last, if time is left"))
+        elif r.save_s > budget:
+            p.cannot.append((r, f"cannot fit ({duration(r.save_s)} to save): {_stands(r)}"))
+        else:
+            lanes.setdefault(r.device, []).append(r)
+    for members in lanes.values():
+        chosen = _choose(members, budget)
+        for r in members:
+            if r not in chosen:
+                p.cannot.append((r, f"does not fit beside the others: {_stands(r)}"))
+        t, lane = 0.0, []
+        for r in sorted(chosen, key=_density, reverse=True):
+            assert r.save_s is not None
+            lane.append(Slot(r, t, t + r.save_s))
+            t += r.save_s
+        if lane:
+            p.lanes.append(lane)
+    return p
+
+
+def _stands(r: RunCost) -> str:
+    return f"its last checkpoint stands, {duration(r.age_s)} old" if r.age_s is not None else "it was never saved"
+
+
+def _density(r: RunCost) -> float:
+    return r.worth_s / max(r.save_s or 0.0, 1e-3)
+
+
+def _choose(members: list[RunCost], budget: float) -> list[RunCost]:
+    """The runs of one lane whose saves, one after another, fit the budget with the most compute kept."""
+    if len(members) > EXACT_UP_TO:
+        chosen, t = [], 0.0
+        for r in sorted(members, key=_density, reverse=True):
+            if t + (r.save_s or 0.0) <= budget:
+                chosen.append(r)
+                t += r.save_s or 0.0
+        return chosen
+    best: tuple[float, int, float] = (-1.0, 0, 0.0)
+    chosen: tuple[RunCost, ...] = ()
+    for k in range(len(members) + 1):
+        for combo in combinations(members, k):
+            took = sum(r.save_s or 0.0 for r in combo)
+            if took <= budget:
+                # The most compute kept; between equals, the most runs saved (one just saved is
+                # worth nothing yet, and saving it costs only time that is left), then the soonest over.
+                key = (sum(r.worth_s for r in combo), len(combo), -took)
+                if key > best:
+                    best, chosen = key, combo
+    return list(chosen)

@@ -1,0 +1,164 @@
+"""The rescue plan before a cut: which runs' saves fit the UPS's runtime, in what order, and what
+becomes of the rest (node/plan.py), from the measurements the runs' registrations carry."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from holdover.lab import nut
+from holdover.node import plan
+from holdover.train import registry
+from holdover.train.registry import LastSave, Registration
+from support import HOLDOVER
+
+NOW = 1_800_000_000.0
+
+
+def _reg(
+    name: str, ckpt: Path, save_s: float | None, age_s: float | None, rank: int = 0, world: int = 1
+) -> Registration:
+    last = None
+    if age_s is not None:
+        last = LastSave(
+            step=100, directory=str(ckpt / "step-100"), nbytes=2_000_000_000, seconds=save_s or 0.0, at=NOW - age_s
+        )
+    return Registration(
+        name, 1000 + rank, "", str(ckpt), 10, ["train.py"], "/", NOW - 86400, rank=rank, world=world, last_save=last
+    )
+
+
+def test_the_runs_that_fit_are_saved_one_at_a_time_most_compute_kept_per_second_first(tmp_path: Path) -> None:
+    runs = plan.costs(
+        [
+            _reg("llama", tmp_path, save_s=190, age_s=1500, world=8),
+            _reg("bert", tmp_path, save_s=65, age_s=600, world=2),
+            _reg("vit", tmp_path, save_s=500, age_s=720, world=4),  # alone longer than the UPS lasts
+        ],
+        now=NOW,
+    )
+    p = plan.plan(runs, runtime_s=448, runtime_said="UPS hostups: 448 s", guess=False, margin_s=30, grace_s=0)
+    assert p.budget_s == 418
+    # llama keeps 8 x 1500 s for 190 s of saving (63 per s), bert 2 x 600 for 65 s (18 per s).
+    assert [(s.run.name, s.start_s, s.end_s) for s in p.fits] == [("llama", 0, 190), ("bert", 190, 255)]
+    assert [(r.name, why) for r, why in p.cannot] == [
+        ("vit", "cannot fit (8 min 20 s to save): its last checkpoint stands, 12 min 0 s old")
+    ]
+    assert p.sentence() == (
+        "with 6 min 58 s to save in (UPS hostups: 448 s): llama 3 min 10 s, bert 65 s; "
+        "vit cannot fit (8 min 20 s to save): its last checkpoint stands, 12 min 0 s old"
+    )
+    assert (p.kept_s, p.lost_s) == (8 * 1500 + 2 * 600, 4 * 720)
+
+
+def test_two_small_saves_worth_more_beat_one_large_one_and_the_loser_is_named(tmp_path: Path) -> None:
+    runs = plan.costs(
+        [
+            _reg("big", tmp_path, save_s=200, age_s=1000),  # 1000 s kept for 200 s
+            _reg("a", tmp_path, save_s=150, age_s=700),
+            _reg("b", tmp_path, save_s=150, age_s=700),  # together 1400 s for 300 s
+        ],
+        now=NOW,
+    )
+    p = plan.plan(runs, runtime_s=300, runtime_said="UPS u: 300 s", guess=False, margin_s=0, grace_s=0)
+    assert sorted(s.run.name for s in p.fits) == ["a", "b"]
+    assert [(r.name, why) for r, why in p.cannot] == [
+        ("big", "does not fit beside the others: its last checkpoint stands, 16 min 40 s old")
+    ]
+    # A greedy pick by compute kept per second takes "big" first (5 per s against 4.7) and keeps 1000 s.
+    assert p.kept_s == 1400
+
+
+def test_runs_on_different_disks_save_side_by_side(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")  # another filesystem than the test's directory
+    runs = plan.costs([_reg("a", tmp_path, save_s=200, age_s=600), _reg("b", shm, save_s=200, age_s=600)], now=NOW)
+    assert runs[0].device != runs[1].device
+    p = plan.plan(runs, runtime_s=250, runtime_said="UPS u: 250 s", guess=False, margin_s=0, grace_s=0)
+    assert sorted((s.run.name, s.start_s) for s in p.fits) == [("a", 0), ("b", 0)]
+    assert len(p.lanes) == 2 and p.cannot == []
+    assert p.sentence().endswith("(2 disks side by side)")
+
+
+def test_the_ranks_of_a_run_here_are_one_save_and_a_run_never_saved_is_said_so(tmp_path: Path) -> None:
+    runs = plan.costs(
+        [
+            _reg("ddp", tmp_path, save_s=40, age_s=300, rank=0, world=4),
+            _reg("ddp", tmp_path, save_s=55, age_s=310, rank=1, world=4),
+            _reg("fresh", tmp_path, save_s=None, age_s=None),
+        ],
+        now=NOW,
+    )
+    ddp, fresh = runs
+    # Its ranks save side by side: the slowest sets the time; the older save is the run's checkpoint.
+    assert (ddp.ranks, ddp.save_s, ddp.nbytes, ddp.age_s, ddp.worth_s) == (2, 55, 4_000_000_000, 310, 1240)
+    assert (fresh.save_s, fresh.age_s, fresh.worth_s) == (None, None, 0)
+    p = plan.plan(runs, runtime_s=600, runtime_said="a guess: no UPS configured", guess=True, margin_s=30, grace_s=60)
+    assert [s.run.name for s in p.fits] == ["ddp"]
+    assert [(r.name, why) for r, why in p.cannot] == [
+        ("fresh", "has no save measured yet: it is asked last, if time is left")
+    ]
+    assert p.as_dict()["order"] == [{"run": "ddp", "start_s": 0, "end_s": 55, "lane": 0}]
+    assert p.as_dict()["guess"] is True
+
+
+def test_nothing_to_protect_is_said_plainly() -> None:
+    p = plan.plan([], runtime_s=600, runtime_said="UPS u: 600 s", guess=False, margin_s=30, grace_s=0)
+    assert (p.sentence(), p.kept_s, p.lost_s) == ("no protected run", 0, 0)
+
+
+@pytest.mark.skipif(not nut.available(), reason="needs Debian's nut-server (scripts/ensure-system-deps.sh)")
+def test_status_and_the_doctor_say_the_plan_against_the_ups_as_read(tmp_path: Path) -> None:
+    """Three runs, each of which would fit the UPS alone, as `holdover status` and `holdover doctor`
+    show them to a person: together they do not, and the one left out is named with its age."""
+    reg, ckpt = tmp_path / "reg", tmp_path / "ckpt"
+    ckpt.mkdir()
+    # The runs' processes: a registration whose pid is gone is stale, and left out.
+    alive = [subprocess.Popen(["sleep", "120"]) for _ in range(3)]
+    try:
+        now = time.time()
+        runs = (("llama", 190, 1500, 8), ("bert", 65, 600, 2), ("vit", 300, 720, 4))
+        for (name, save_s, age_s, world), p in zip(runs, alive, strict=True):
+            r = _reg(name, ckpt, save_s, age_s, world=world)
+            r.pid, r.last_save.at = p.pid, now - age_s  # type: ignore[union-attr]
+            registry.write_registration(reg, r)
+        ups = {"ups.status": "OB DISCHRG", "battery.charge": "70", "battery.runtime": "448"}
+        with nut.NutServer(tmp_path / "nut", {"hostups": ups}) as server:
+            (tmp_path / "holdover.toml").write_text(
+                f'[journal]\npath = "{tmp_path}/j.db"\n'
+                f'[protect]\nregistry = "{reg}"\nmargin = 30\ngrace = 0\n'
+                f'[ups]\nnut = "hostups@127.0.0.1:{server.port}"\n'
+            )
+            cfg = ["--config", str(tmp_path / "holdover.toml")]
+            status = subprocess.run([HOLDOVER, "status", *cfg], capture_output=True, text=True, timeout=60)
+            doctor = subprocess.run([HOLDOVER, "doctor", "--json", *cfg], capture_output=True, text=True, timeout=120)
+            as_json = subprocess.run([HOLDOVER, "status", "--json", *cfg], capture_output=True, text=True, timeout=60)
+    finally:
+        for p in alive:
+            p.kill()
+            p.wait()
+    sentence = (
+        re.escape(
+            "with 6 min 58 s to save in (UPS hostups: 448 s left): llama 3 min 10 s, bert 65 s; "
+            "vit does not fit beside the others: its last checkpoint stands, 12 min "
+        )
+        + r"\d+ s old"
+    )  # its age as the command ran
+    assert status.returncode == 0, status.stderr
+    assert re.search("rescue plan: " + sentence, " ".join(status.stdout.split())), status.stdout
+    assert json.loads(as_json.stdout)["plan"]["order"] == [
+        {"run": "llama", "start_s": 0, "end_s": 190, "lane": 0},
+        {"run": "bert", "start_s": 190, "end_s": 255, "lane": 0},
+    ]
+    # Each fits alone (the per-run checks pass or warn); together they do not: a failure, with what to do.
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)}
+    assert doctor.returncode == 2, doctor.stdout + doctor.stderr
+    alone = [v["status"] for k, v in checks.items() if k.startswith("an emergency checkpoint of")]
+    assert sorted(alone) == ["pass", "pass", "warn"], checks  # vit: 300 s of 418, little slack
+    together = checks["a cut now saves every protected run"]
+    assert together["status"] == "fail" and re.fullmatch(sentence, together["detail"]), together
+    assert together["fix"].startswith("save the runs that do not fit periodically"), together
