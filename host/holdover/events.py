@@ -54,6 +54,7 @@ CHECKPOINT_FAILED = "checkpoint_failed"
 CHECKPOINT_BAD = "checkpoint_bad"
 CHECKPOINT_LATE = "checkpoint_late"
 CHECKPOINT_HUNG = "checkpoint_hung"
+CHECKPOINT_SKIPPED = "checkpoint_skipped"  # the plan did not start a save that could not finish in time
 RESCUED = "rescued"  # no verified checkpoint, a gcore dump or /dev/shm copy instead
 LOST = "lost"  # nothing of the run could be saved
 DATA_CAP = "data_cap"
@@ -171,6 +172,7 @@ _KINDS = (
     Kind(CHECKPOINT_BAD, CRITICAL, "emergency checkpoint of {target} does not verify", HOST),
     Kind(CHECKPOINT_LATE, CRITICAL, "no checkpoint of {target} before the deadline", HOST),
     Kind(CHECKPOINT_HUNG, CRITICAL, "checkpoint of {target} stopped making progress", HOST),
+    Kind(CHECKPOINT_SKIPPED, CRITICAL, "{target} not saved: its save could not finish before the deadline", HOST),
     Kind(RESCUED, CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
     Kind(LOST, CRITICAL, "{target}: nothing could be saved", HOST),
     Kind(

@@ -100,7 +100,7 @@ def test_the_ranks_of_a_run_here_are_one_save_and_a_run_never_saved_is_said_so(t
     p = plan.plan(runs, runtime_s=600, runtime_said="a guess: no UPS configured", guess=True, margin_s=30, grace_s=60)
     assert [s.run.name for s in p.fits] == ["ddp"]
     assert [(r.name, why) for r, why in p.cannot] == [
-        ("fresh", "has no save measured yet: it is asked last, if time is left")
+        ("fresh", "has no save measured yet: asked at once, beside the plan")
     ]
     assert p.as_dict()["order"] == [{"run": "ddp", "start_s": 0, "end_s": 55, "lane": 0}]
     assert p.as_dict()["guess"] is True

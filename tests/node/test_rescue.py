@@ -7,6 +7,7 @@ the others drive the Rescuer with events accepted into a real journal, to test o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.rescue import Rescuer
 from holdover.node.rescue_ledger import RescueLedger
+from holdover.node.ups import Runtime
 from holdover.settings import ProtectSettings
 from holdover.train import ckpt, registry
 from support import Toy, losses, wait_for
@@ -293,3 +295,59 @@ def test_unregistered_processes_are_found_by_command_line(tmp_path: Path) -> Non
     finally:
         proc.kill()
         proc.wait()
+
+
+def _craft(reg_dir: Path, name: str, seconds: float, age_s: float, world: int) -> None:
+    """A run's measured save as a long-running job's would read: the Guard rewrites its
+    registration only when it saves, so the figures stand until the rescue asks it to."""
+    path = registry.registration_path(reg_dir, name)
+    reg = registry.Registration.from_json(path.read_text())
+    reg.world = world
+    reg.last_save = registry.LastSave(100, str(path.parent), 3_000_000_000, seconds, time.time() - age_s)
+    registry.write_registration(reg_dir, reg)
+
+
+def test_a_cut_saves_in_the_plans_order_one_at_a_time_and_never_starts_what_cannot_finish(tmp_path: Path) -> None:
+    names = ("llama", "bert", "vit")
+    with contextlib.ExitStack() as stack:
+        toys = [stack.enter_context(Toy(tmp_path, "--ckpt", str(tmp_path / n), name=n, torch=False)) for n in names]
+        for toy in toys:
+            toy.registration()
+        reg = tmp_path / "reg"
+        # 15 s to save in (20 s of UPS, a 5 s margin): llama's 4 s and bert's 2 s fit, vit's 30 s
+        # never can; llama keeps the most compute per second of saving, so it goes first.
+        for name, seconds, age_s, world in (("llama", 4, 1500, 8), ("bert", 2, 600, 2), ("vit", 30, 720, 4)):
+            _craft(reg, name, seconds, age_s, world)
+        read = lambda _default: Runtime(20, "UPS hostups: 20 s left", False, True)  # noqa: E731
+        s = _settings(tmp_path)
+        with Journal(tmp_path / "j.db") as j:
+            asyncio.run(_drive(Rescuer(s, j, runtime=read), _event(j, protocol.MAINS_LOST)))
+            steps = RescueLedger(j).steps()
+            [chosen] = [x["detail"] for x in steps if x["action"] == "plan"]
+            skipped = j.events(kinds=[events.CHECKPOINT_SKIPPED])
+        did = [
+            (x["target"].split(":")[0], x["action"])  # target keys are name:pid
+            for x in steps
+            if x["action"] in ("requested", "verified", "skipped")
+        ]
+        assert [o["run"] for o in chosen["order"]] == ["llama", "bert"], chosen
+        assert chosen["cannot"][0]["run"] == "vit" and chosen["guess"] is False
+        # One at a time: bert is asked only once llama's checkpoint is verified; vit never.
+        assert did == [
+            ("llama", "requested"),
+            ("llama", "verified"),
+            ("bert", "requested"),
+            ("bert", "verified"),
+            ("vit", "skipped"),
+        ], did
+        assert [e.data["target"] for e in skipped] == ["vit"]
+        assert "its last checkpoint stands" in skipped[0].data["detail"]
+        assert ckpt.candidates(tmp_path / "vit") == []  # not a byte written for it
+
+        # With the runtime a guess, nothing is left out: vit is asked after the rest.
+        guessed = lambda default: Runtime(20, "[protect] runtime_default 20 s, a guess", True, False)  # noqa: E731
+        with Journal(tmp_path / "j2.db") as j:
+            asyncio.run(_drive(Rescuer(s, j, runtime=guessed), _event(j, protocol.MAINS_LOST)))
+            steps = RescueLedger(j).steps()
+        asked = [x["target"].split(":")[0] for x in steps if x["action"] == "requested"]
+        assert asked[-1] == "vit" and sorted(asked) == ["bert", "llama", "vit"], asked

@@ -153,7 +153,7 @@ def plan(
     lanes: dict[int | None, list[RunCost]] = {}
     for r in runs:
         if r.save_s is None:
-            p.cannot.append((r, "has no save measured yet: it is asked last, if time is left"))
+            p.cannot.append((r, "has no save measured yet: asked at once, beside the plan"))
         elif r.save_s > budget:
             p.cannot.append((r, f"cannot fit ({duration(r.save_s)} to save): {_stands(r)}"))
         else:

@@ -5,7 +5,10 @@ Timeline of one rescue (all of it journaled, step by step):
   mains_lost (a sentinel) or ups_on_battery (the host's UPS), whichever comes first
       ── grace (upssched-like; mains_restored / ups_online inside it cancels) ──> rescue starts
   ups_low_battery ──────────────────────────────────────────────────────────> rescue starts at once
-  for each target, concurrently:
+  the plan (node/plan.py): the runs whose measured saves fit before the deadline, one at a time
+  per disk, most compute kept per second first, the disks side by side; beside them at once, what
+  the plan cannot weigh (runs never measured, processes matched without a registration)
+  for each target, in that order:
       ask to save (socket; the signal if the socket is unreachable) ─> follow progress
       ─> verify every hash of the new manifest ─> done
       no answer, hung (no progress for hang_after), failed, or too late for the deadline
@@ -15,10 +18,14 @@ Timeline of one rescue (all of it journaled, step by step):
 The deadline is the host UPS's runtime left minus a margin (node/ups.py), re-read every second
 while saving so a runtime that drops faster than expected pulls it in; with no UPS runtime known
 it is protect.runtime_default, and every message that uses it says it is a guess. The sentinel's
-own battery never sets it. A cut both sources see runs one rescue. A target's save is abandoned
-early enough to leave the gcore its measured time. A restarted bridge picks up active rescues from
-the journal: a save request carries an id and the training side treats a repeated id as "watch",
-so a restart never makes a run save twice, and a signal already sent is never sent again.
+own battery never sets it. A save whose measured time says it cannot finish before the deadline
+as it stands then is never started (a torn save takes bandwidth the others need): that run keeps
+its last periodic checkpoint, and gets its gcore and /dev/shm copy once the planned saves are over.
+With a guessed runtime nothing is left out, only put last. A cut both sources see runs one
+rescue. A target's save is abandoned early enough to leave the gcore its measured time. A
+restarted bridge picks up active rescues from the journal: a save request carries an id and the
+training side treats a repeated id as "watch", so a restart never makes a run save twice, and a
+signal already sent is never sent again.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from holdover import events, proc
+from holdover.events import duration
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
-from holdover.node import dump
+from holdover.node import dump, plan
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.node.targets import Target, discover, registry_dir
 from holdover.node.ups import Runtime, runtime_from
@@ -230,8 +238,46 @@ class Rescuer:
         for p in problems:
             log.warning("%s", p)
         self.ledger.step(rid, "*", None, "targets", names=[t.key for t in targets], problems=problems)
+        chosen = self._plan(rid, targets)
+        self.ledger.step(rid, "*", None, "plan", **chosen.as_dict())
+        log.warning("rescue plan: %s", chosen.sentence())
+        runs: dict[str, list[Target]] = {}
+        for t in targets:
+            if t.reg is not None:
+                runs.setdefault(t.reg.name, []).append(t)
+        lanes = [[s.run.name for s in lane] for lane in chosen.lanes]
+        left_out = {r.name: why for r, why in chosen.cannot if r.save_s is not None}
+        if chosen.guess and left_out:
+            # A guessed budget leaves nothing out: what it would, is asked after the rest.
+            lanes = lanes or [[]]
+            lanes[0] += list(left_out)
+            left_out = {}
+        # What the plan cannot weigh goes at once, as every target did before it.
+        unmeasured = [t for r, _why in chosen.cannot if r.save_s is None for t in runs[r.name]]
+        at_once = [t for t in targets if t.reg is None] + unmeasured
+        outcomes: dict[str, str] = {}
+        skipped: list[tuple[Target, str]] = []
+        await asyncio.gather(
+            self._together(rid, at_once, outcomes),
+            *(self._lane(rid, [runs[n] for n in lane], chosen.guess, outcomes, skipped) for lane in lanes),
+        )
+        skipped += [(t, why) for name, why in left_out.items() for t in runs[name]]
+        for t, why in skipped:
+            outcomes[t.key] = await self._skip(rid, t, why)
+        if self._critical.get(rid) and self.s.final_command:
+            await self._final(rid)
+        self.ledger.update(rid, state="finished", finished=time.time())
+        self.ledger.step(rid, "*", None, "finished", outcomes=outcomes)
+
+    def _plan(self, rid: int, targets: list[Target]) -> plan.Plan:
+        """The plan against the time to the deadline as it stands (the margin is in it already)."""
+        rt = self.runtime(self.s.runtime_default)
+        left = max(self._deadline[rid] - time.time(), 0.0)
+        regs = [t.reg for t in targets if t.reg is not None]
+        return plan.plan(plan.costs(regs), left, f"to the deadline; {rt.said}", rt.guess, 0.0, 0.0)
+
+    async def _together(self, rid: int, targets: list[Target], outcomes: dict[str, str]) -> None:
         results = await asyncio.gather(*(self._protect(rid, t) for t in targets), return_exceptions=True)
-        outcomes = {}
         for t, r in zip(targets, results, strict=True):
             if isinstance(r, BaseException):
                 log.error("rescue of %s failed: %r", t.key, r)
@@ -239,10 +285,38 @@ class Rescuer:
                 outcomes[t.key] = "error"
             else:
                 outcomes[t.key] = r
-        if self._critical.get(rid) and self.s.final_command:
-            await self._final(rid)
-        self.ledger.update(rid, state="finished", finished=time.time())
-        self.ledger.step(rid, "*", None, "finished", outcomes=outcomes)
+
+    async def _lane(
+        self,
+        rid: int,
+        lane: list[list[Target]],
+        guess: bool,
+        outcomes: dict[str, str],
+        skipped: list[tuple[Target, str]],
+    ) -> None:
+        """One disk's runs in the plan's order, each run's ranks together; before each, its measured
+        save against the deadline as it stands now (the runtime may have fallen since the plan)."""
+        for ranks in lane:
+            took = [t.reg.last_save.seconds for t in ranks if t.reg is not None and t.reg.last_save is not None]
+            left = self._deadline[rid] - time.time()
+            if took and not guess and max(took) > left:
+                why = (
+                    f"{duration(max(took))} to save, {duration(max(left, 0.0))} left when its turn came: "
+                    "its last checkpoint stands"
+                )
+                skipped += [(t, why) for t in ranks]
+                continue
+            await self._together(rid, ranks, outcomes)
+
+    async def _skip(self, rid: int, t: Target, why: str) -> str:
+        """A run the plan did not start: its last periodic checkpoint stands; a dump if configured."""
+        if any(s["action"] in ("verified", "rescued", "lost", "skipped") for s in self.ledger.steps(rid, t.key)):
+            return "skipped"  # settled before a bridge restart
+        self.ledger.step(rid, t.key, t.pid, "skipped", why=why)
+        self._raise(events.CHECKPOINT_SKIPPED, t, f"{t.name}: not saved: {why}")
+        if self.s.gcore or self.s.shm:
+            return await self._last_resort(rid, t)
+        return "skipped"
 
     async def _protect(self, rid: int, t: Target) -> str:
         # What a previous bridge already did for this target in this rescue (empty on a first run).
