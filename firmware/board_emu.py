@@ -166,7 +166,6 @@ class _Link:
 class Board:
     name = "emu"
     EMU_ONLY = EMU_ONLY_BYTES
-    LAYER = 0  # this module's own code, measured by emu_main.py as it is imported
 
     def __init__(self, argv):
         opts = {}

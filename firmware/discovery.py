@@ -89,6 +89,7 @@ def _entities(cfg):
         else:
             yield ("binary_sensor", "modem_power", "Modem power", "'OFF' if d.relay else 'ON'", {"dev_cla": "power"})
         yield ("button", "power_cycle", "Power-cycle modem", None, {"dev_cla": "restart"})  # fmt: skip
+    yield ("button", "restart", "Restart", None, {"dev_cla": "restart", "ent_cat": "config"})
 
 
 # Entities of older releases, emptied on every connect so Home Assistant drops them: the switch
@@ -135,7 +136,7 @@ def messages(cfg, sid, board_name, mac=None):
             # HA cannot sign; the bridge turns ON/OFF/PULSE here into a signed command (docs/protocol.md).
             c["cmd_t"] = protocol.topic(sid, protocol.RELAY_SET)
         if comp == "button":
-            c["pl_prs"] = "PULSE %d" % cfg["relay"]["cycle_ms"]
+            c["pl_prs"] = "RESTART" if oid == "restart" else "PULSE %d" % cfg["relay"]["cycle_ms"]
         if "unit_of_meas" in extra:
             c["stat_cla"] = "measurement"  # long-term statistics in Home Assistant
         c.update(extra)

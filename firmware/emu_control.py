@@ -15,7 +15,6 @@ GETS = ("state", "world", "ticks", "adc", "mem", "relay", "led", "raised")
 COMMANDS = {
     "mains": ("flag", "switch"),
     "wlan": ("flag", "switch"),
-    "rssi": ((-100, 0, "dBm"), "set"),  # the access point's signal, as the joined station reads it
     # Spurious edges on the mains pin, as GPIO36/39 see with WiFi on: with or without mains.
     "ghost_hz": ((0, 200, "edges per second"), "set"),
     "ghost_us": ((1, 1000, "microseconds wide"), "set"),  # interference is a few us; wider passes the filter
@@ -67,9 +66,7 @@ def _get(board, v):
     if v == "mem":
         gc.collect()
         hwm = app.heap_hwm if app else 0
-        mem = {"free": gc.mem_free(), "alloc": gc.mem_alloc(), "hwm": hwm, "emu_only": board.EMU_ONLY}
-        mem["board_layer"] = board.LAYER
-        return {"mem": mem}
+        return {"mem": {"free": gc.mem_free(), "alloc": gc.mem_alloc(), "hwm": hwm, "emu_only": board.EMU_ONLY}}
     if v == "relay":
         return {"relay": bool(board.world.get("relay")), "pin": board.world.get("relay_pin")}
     if v == "raised":

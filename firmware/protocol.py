@@ -103,7 +103,9 @@ CMD_TTL_S = 60  # a command older (or newer) than this by the board's NTP clock 
 OP_ON = "on"
 OP_OFF = "off"
 OP_PULSE = "pulse"
-OPS = (OP_ON, OP_OFF, OP_PULSE)
+OP_RESTART = "restart"  # the board reboots, as ESPHome's restart button does (no relay needed)
+OPS = (OP_ON, OP_OFF, OP_PULSE, OP_RESTART)
+RESTART_ASKED = "command"  # the reset cause a board reports after a restart it was asked for
 PULSE_MAX_MS = 600000
 
 # Serial line protocol: each signed envelope is one line; a line starting with LOG is a log.

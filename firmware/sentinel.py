@@ -25,6 +25,7 @@ import wifi
 WDT_MS = 8000
 WATCH_STALE_MS = 2000  # the power watch must have sampled this recently to feed the WDT
 OUTBOX_CAP = 48 * 1024  # bytes of flash for unreceipted events (~150 events)
+RESTART_AFTER_MS = 500
 CRASH_CAUSES = ("wdt", "hard")  # resets that count towards safe mode; power_on never does
 
 
@@ -38,6 +39,11 @@ class Sentinel:
         self.boot_count = board.nvs_get("boots", 0) + 1
         board.nvs_set("boots", self.boot_count)
         self.reset_cause = board.reset_cause()
+        if board.nvs_get("restart", 0):
+            # machine.reset() is a HARD_RESET on the ESP32, as a panic is: asked for, it is neither
+            # a crash to count towards safe mode nor a mystery in the last-reset diagnostic.
+            self.reset_cause = protocol.RESTART_ASKED
+            board.nvs_set("restart", 0)
         self.crashes = self._count_crash()
         self.safe_mode = self.crashes >= cfg["safe_mode"]["after"]
         self.seq = 0
@@ -249,11 +255,20 @@ class Sentinel:
         return self.relay.on if self.relay else None
 
     def _run(self, op, ms):
+        if op == protocol.OP_RESTART:
+            self.board.nvs_set("restart", 1)
+            self._restarting = asyncio.create_task(self._restart())
+            return None
         if self.relay is None:
             return protocol.SAFE_MODE if self.safe_mode else protocol.NO_RELAY
         if op == protocol.OP_PULSE:
             return self.relay.pulse(ms, "command")
         return self.relay.set(op == protocol.OP_ON, "command")
+
+    async def _restart(self):
+        await asyncio.sleep_ms(RESTART_AFTER_MS)  # the ack out first, on every path
+        self.log("cmd", "restart as asked")
+        self.board.reset()
 
     # --- sensing -------------------------------------------------------------------------
 

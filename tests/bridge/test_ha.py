@@ -90,6 +90,7 @@ def test_the_sentinel_and_the_node_are_devices_home_assistant_takes(rig_factory,
             ("sensor", "rssi"),
             ("sensor", "uptime"),
             ("sensor", "reset_cause"),
+            ("button", "restart"),
         ]
     }
     node_id = protocol.ha_node_id(NODE)
@@ -195,7 +196,7 @@ def test_on_the_normally_open_contact_the_relay_is_a_switch_and_a_cycle_releases
         bridge_extra={"failover": {"node": NODE}},
     )
     boot = rig.wait("boot", 15)
-    got = _retained(rig, protocol.ha_config_topic("homeassistant", "+", rig.sid, "+"), 6)
+    got = _retained(rig, protocol.ha_config_topic("homeassistant", "+", rig.sid, "+"), 7)
     switch = protocol.ha_config_topic("homeassistant", "switch", rig.sid, "modem_power")
     button = protocol.ha_config_topic("homeassistant", "button", rig.sid, "power_cycle")
     assert set(got) == {
@@ -203,12 +204,14 @@ def test_on_the_normally_open_contact_the_relay_is_a_switch_and_a_cycle_releases
         switch,
         button,
         *(protocol.ha_config_topic("homeassistant", "sensor", rig.sid, o) for o in ("rssi", "uptime", "reset_cause")),
+        protocol.ha_config_topic("homeassistant", "button", rig.sid, "restart"),
     }, sorted(got)
     assert [p for t, c in got.items() for p in check(t, c)] == []
     # What a press reaches goes through this node's bridge (the board's ha.via): available only
     # while both are; a reading needs the board alone.
     both = [{"topic": protocol.topic(rig.sid, protocol.STATUS)}, {"topic": protocol.node_topic(NODE, protocol.STATUS)}]
-    for t in (switch, button):
+    restart = protocol.ha_config_topic("homeassistant", "button", rig.sid, "restart")
+    for t in (switch, button, restart):
         assert (got[t]["avty"], got[t]["avty_mode"], "avty_t" in got[t]) == (both, "all", False), got[t]
     mains = got[protocol.ha_config_topic("homeassistant", "binary_sensor", rig.sid, "mains")]
     assert mains["avty_t"] == protocol.topic(rig.sid, protocol.STATUS) and "avty" not in mains
@@ -231,6 +234,18 @@ def test_on_the_normally_open_contact_the_relay_is_a_switch_and_a_cycle_releases
     }
     assert {k: asked.data[k] for k in want} == want, asked.data
     assert boot is not None
+
+    # The restart button, as ESPHome's: the board reboots, says it was asked (not a crash, which
+    # machine.reset() is to the ESP32), and counts no crash towards safe mode.
+    assert (got[restart]["pl_prs"], got[restart]["dev_cla"], got[restart]["ent_cat"]) == (
+        "RESTART",
+        "restart",
+        "config",
+    )
+    since = time.monotonic()
+    _publish(rig, protocol.topic(rig.sid, protocol.RELAY_SET), b"RESTART")
+    again = rig.wait("boot", 20, since)
+    assert (again.info["data"]["reset_cause"], again.info["data"]["crashes"]) == ("command", 0), again.info
 
 
 def test_the_firmware_and_the_host_are_one_release() -> None:

@@ -353,7 +353,9 @@ def test_relay_commands_run_once_and_forged_replayed_retained_are_refused(rig_fa
             return [r for r in j.rejections() if r["topic"] == protocol.topic(rig.sid, protocol.RELAY_SET)]
 
     [r] = wait_for(refused, 10, "PULSE 5 refused")
-    assert r["reason"] == protocol.MALFORMED and "relay/set takes ON, OFF or PULSE MS (50..600000)" in r["detail"]
+    assert (
+        r["reason"] == protocol.MALFORMED and "relay/set takes ON, OFF, PULSE MS (50..600000) or RESTART" in r["detail"]
+    )
 
 
 def _retained_state(rig: Rig) -> dict | None:
@@ -578,6 +580,7 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
             f"homeassistant/sensor/{node}/reset_cause/config",
             f"homeassistant/binary_sensor/{node}/modem_power/config",
             f"homeassistant/button/{node}/power_cycle/config",
+            f"homeassistant/button/{node}/restart/config",
         }, got.keys()  # no uplink entities: this board probes no target
         button = got[f"homeassistant/button/{node}/power_cycle/config"]
         # The button sends the board's own cycle_ms; a button has no state to read.
@@ -587,7 +590,7 @@ def test_home_assistant_discovery_is_retained_with_availability(rig_factory) -> 
             protocol.topic(rig.sid, "relay/set"),
         )
         assert "stat_t" not in button
-        for c in (c for c in got.values() if c is not button):
+        for c in (c for t, c in got.items() if "/button/" not in t):
             assert c["avty_t"] == protocol.topic(rig.sid, protocol.STATUS)
             assert c["stat_t"] == protocol.topic(rig.sid, protocol.STATE)
         assert got[f"homeassistant/binary_sensor/{node}/mains/config"]["dev_cla"] == "power"

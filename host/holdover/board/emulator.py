@@ -45,30 +45,32 @@ class EmulatorError(HoldoverError, RuntimeError):
     exit_code = USAGE
 
 
-# board_esp32 imported on this port with the chip's own modules as stubs, after what the firmware
-# shares with it, as emu_main.py measures board_emu: the board layer a chip holds.
-_ESP32_LAYER = """
-import sys, gc, asyncio, json, line
+# A board layer's import on this port, after the firmware (which needs no board to import), in a
+# fresh interpreter each, so both start from the same heap: board_esp32 with the chip's own modules
+# as stubs, board_emu with the emulated world and control port it brings.
+_LAYER = """
+import sys, gc, sentinel
 class Stub:
     def __getattr__(self, name):
         return 0
-for name in ("machine", "network", "esp32"):
-    sys.modules[name] = Stub()
+if sys.argv[-1] == "board_esp32":
+    for name in ("machine", "network", "esp32"):
+        sys.modules[name] = Stub()
 gc.collect()
 before = gc.mem_alloc()
-import board_esp32
+__import__(sys.argv[-1])
 gc.collect()
 print(gc.mem_alloc() - before)
 """
 
 
-def esp32_layer_bytes(build: Path) -> int:
-    """What board_esp32's code holds of the heap at its import, on this port: the heap test counts
-    it in place of board_emu's, which carries the emulation (7 KB more here)."""
+def layer_bytes(build: Path, layer: str) -> int:
+    """What a board layer's code (board_emu or board_esp32) holds of the heap once imported."""
     env = dict(os.environ, MICROPYPATH=":".join([str(build), ".frozen"]))
-    r = proc.run_sync([micropython_binary(), "-X", f"heapsize={DEFAULT_HEAP}", "-c", _ESP32_LAYER], timeout=30, env=env)
+    argv = [micropython_binary(), "-X", f"heapsize={DEFAULT_HEAP}", "-c", _LAYER, layer]
+    r = proc.run_sync(argv, timeout=30, env=env)
     if not r.ok or not r.output.strip().isdigit():
-        raise EmulatorError(f"could not measure board_esp32's heap: {r.describe()}: {r.output.strip()[-300:]}")
+        raise EmulatorError(f"could not measure {layer}'s heap: {r.describe()}: {r.output.strip()[-300:]}")
     return int(r.output)
 
 

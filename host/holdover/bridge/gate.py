@@ -100,7 +100,7 @@ class Gate:
                 "mqtt", topic, payload, protocol.RETAINED, "a switch command must not be retained", sid=sid
             )
         words = payload.strip().upper().split()
-        if words in ([b"ON"], [b"OFF"]):
+        if words in ([b"ON"], [b"OFF"], [b"RESTART"]):  # RESTART: the board's restart button
             return Verdict(True, leaf=protocol.RELAY_SET, sid=sid, relay_set=(words[0].decode().lower(), 0))
         # The "Power-cycle modem" button sends PULSE and the board's own cycle_ms (its discovery says).
         if (
@@ -110,7 +110,7 @@ class Gate:
             and 50 <= int(words[1]) <= protocol.PULSE_MAX_MS
         ):
             return Verdict(True, leaf=protocol.RELAY_SET, sid=sid, relay_set=(protocol.OP_PULSE, int(words[1])))
-        why = f"relay/set takes ON, OFF or PULSE MS (50..{protocol.PULSE_MAX_MS})"
+        why = f"relay/set takes ON, OFF, PULSE MS (50..{protocol.PULSE_MAX_MS}) or RESTART"
         return self._reject("mqtt", topic, payload, protocol.MALFORMED, why, sid=sid)
 
     def _signed(

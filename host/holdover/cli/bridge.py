@@ -478,7 +478,7 @@ def events(
 @app.command(rich_help_panel=OUTAGE)
 def relay(
     sentinel: str = typer.Argument(..., help="The sentinel's id."),
-    op: str = typer.Argument(..., help="on, off or pulse."),
+    op: str = typer.Argument(..., help="on, off, pulse, or restart (the board reboots)."),
     ms: int = typer.Argument(0, help="For pulse: how long the relay stays on, in ms."),
     config: Path = config_option("The bridge's TOML config (broker and keys)."),
     timeout: float = typer.Option(10.0, help="Seconds to wait for the sentinel's answer."),
