@@ -30,6 +30,9 @@ def _reply(sock: socket.socket) -> dict:
 
 def test_a_megabyte_line_is_refused_without_killing_the_port(rig_factory) -> None:
     rig = rig_factory(bridge=False)
+    # Connected and settled first (its birth, state and discovery burst sent): what those hold is
+    # the firmware's, and a loaded host can put them after the first reading.
+    rig.wait_board(lambda st: st["queued"] == 0 and st["uptime_ms"] > 3000, 15, "the board settled")
     free_before = rig.control.send(get="mem")["mem"]["free"]
     with socket.create_connection(rig.control_addr, timeout=10) as s:
         s.sendall(b"x" * (1 << 20) + b"\n")

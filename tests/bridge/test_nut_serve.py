@@ -133,8 +133,8 @@ def test_a_silent_sentinel_is_a_dead_ups_to_upsmon_within_its_keepalive_and_aliv
         commbad = next(t for t, k in mon.said() if k == "COMMBAD") - silent_at
         assert _upsc(serve_port, "ups.status") == ""
         # The will after 1.5 keepalives, then dummy-ups' read and upsmon's poll (a second each);
-        # 3 s of slack for a loaded host.
-        assert commbad < 1.5 * keepalive + 2 + 3, commbad
+        # slack for a loaded host: 4.0 s alone, 9.0 s once with the whole suite beside it.
+        assert commbad < 1.5 * keepalive + 2 + 6, commbad
         rig.control.send(wlan=True)
         wait_for(lambda: "COMMOK" in [k for _t, k in mon.said()], 30, "COMMOK at upsmon")
         assert _upsc(serve_port, "ups.status") == "OL"

@@ -147,7 +147,7 @@ class Doctor:
         return out
 
     def rescue_plan(self) -> list[Check]:
-        """Every run's save together, one at a time per disk, against the same runtime: each may
+        """Every run's save together, as the plan schedules them per disk, against the same runtime: each may
         fit alone while not all of them fit in turn (node/plan.py)."""
         p = plan.for_node(self.cfg.protect, self._runtime())
         if not p.fits and not p.cannot:

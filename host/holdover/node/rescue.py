@@ -5,8 +5,9 @@ Timeline of one rescue (all of it journaled, step by step):
   mains_lost (a sentinel) or ups_on_battery (the host's UPS), whichever comes first
       ── grace (upssched-like; mains_restored / ups_online inside it cancels) ──> rescue starts
   ups_low_battery ──────────────────────────────────────────────────────────> rescue starts at once
-  the plan (node/plan.py): the runs whose measured saves fit before the deadline, one at a time
-  per disk, most compute kept per second first, the disks side by side; beside them at once, what
+  the plan (node/plan.py): the runs whose measured saves fit before the deadline, admitted on each
+  disk while their rates stay under its ceiling ([protect] disk_mb_s; unknown: all at once), most
+  compute kept per second first, the disks side by side; beside them at once, what
   the plan cannot weigh (runs never measured, processes matched without a registration)
   for each target, in that order:
       ask to save (socket; the signal if the socket is unreachable) ─> follow progress
@@ -238,6 +239,11 @@ class Rescuer:
         for p in problems:
             log.warning("%s", p)
         self.ledger.step(rid, "*", None, "targets", names=[t.key for t in targets], problems=problems)
+        outcomes: dict[str, str] = {}
+        if not self.s.plan:
+            await self._together(rid, targets, outcomes)  # every run at once, as before the plan
+            await self._settled(rid, outcomes)
+            return
         chosen = self._plan(rid, targets)
         self.ledger.step(rid, "*", None, "plan", **chosen.as_dict())
         log.warning("rescue plan: %s", chosen.sentence())
@@ -245,25 +251,27 @@ class Rescuer:
         for t in targets:
             if t.reg is not None:
                 runs.setdefault(t.reg.name, []).append(t)
-        lanes = [[s.run.name for s in lane] for lane in chosen.lanes]
-        left_out = {r.name: why for r, why in chosen.cannot if r.save_s is not None}
+        lanes = [[s.run for s in lane] for lane in chosen.lanes]
+        left_out = [(r, why) for r, why in chosen.cannot if r.save_s is not None]
         if chosen.guess and left_out:
             # A guessed budget leaves nothing out: what it would, is asked after the rest.
             lanes = lanes or [[]]
-            lanes[0] += list(left_out)
-            left_out = {}
+            lanes[0] += [r for r, _why in left_out]
+            left_out = []
         # What the plan cannot weigh goes at once, as every target did before it.
         unmeasured = [t for r, _why in chosen.cannot if r.save_s is None for t in runs[r.name]]
         at_once = [t for t in targets if t.reg is None] + unmeasured
-        outcomes: dict[str, str] = {}
         skipped: list[tuple[Target, str]] = []
         await asyncio.gather(
             self._together(rid, at_once, outcomes),
-            *(self._lane(rid, [runs[n] for n in lane], chosen.guess, outcomes, skipped) for lane in lanes),
+            *(self._lane(rid, [(r, runs[r.name]) for r in lane], chosen.guess, outcomes, skipped) for lane in lanes),
         )
-        skipped += [(t, why) for name, why in left_out.items() for t in runs[name]]
+        skipped += [(t, why) for r, why in left_out for t in runs[r.name]]
         for t, why in skipped:
             outcomes[t.key] = await self._skip(rid, t, why)
+        await self._settled(rid, outcomes)
+
+    async def _settled(self, rid: int, outcomes: dict[str, str]) -> None:
         if self._critical.get(rid) and self.s.final_command:
             await self._final(rid)
         self.ledger.update(rid, state="finished", finished=time.time())
@@ -289,24 +297,31 @@ class Rescuer:
     async def _lane(
         self,
         rid: int,
-        lane: list[list[Target]],
+        lane: list[tuple[plan.RunCost, list[Target]]],
         guess: bool,
         outcomes: dict[str, str],
         skipped: list[tuple[Target, str]],
     ) -> None:
-        """One disk's runs in the plan's order, each run's ranks together; before each, its measured
-        save against the deadline as it stands now (the runtime may have fallen since the plan)."""
-        for ranks in lane:
-            took = [t.reg.last_save.seconds for t in ranks if t.reg is not None and t.reg.last_save is not None]
+        """One disk's runs in the plan's order, each run's ranks together, admitted while the rates
+        of those saving stay under the disk's ceiling; before each start, its save against the
+        deadline as it stands then (the runtime may have fallen since the plan)."""
+        ceiling = self.s.disk_mb_s * 1e6 or None
+        running: dict[asyncio.Task[None], float] = {}
+        for cost, ranks in lane:
+            while running and ceiling is not None and sum(running.values()) + cost.rate > ceiling:
+                done, _pending = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    running.pop(task)
             left = self._deadline[rid] - time.time()
-            if took and not guess and max(took) > left:
+            if cost.save_s is not None and not guess and cost.save_s > left:
                 why = (
-                    f"{duration(max(took))} to save, {duration(max(left, 0.0))} left when its turn came: "
+                    f"{duration(cost.save_s)} to save, {duration(max(left, 0.0))} left when its turn came: "
                     "its last checkpoint stands"
                 )
                 skipped += [(t, why) for t in ranks]
                 continue
-            await self._together(rid, ranks, outcomes)
+            running[asyncio.get_running_loop().create_task(self._together(rid, ranks, outcomes))] = cost.rate
+        await asyncio.gather(*running)
 
     async def _skip(self, rid: int, t: Target, why: str) -> str:
         """A run the plan did not start: its last periodic checkpoint stands; a dump if configured."""

@@ -26,6 +26,12 @@ class ProtectSettings(_Strict):
     )
     margin: float = Field(60.0, ge=0, description="seconds of the runtime estimate kept in reserve")
     hang_after: float = Field(30.0, gt=0, description="a save that reports no progress this long is hung")
+    plan: bool = Field(True, description="save as the plan says (node/plan.py); false: every run at once")
+    disk_mb_s: float = Field(
+        0.0,
+        ge=0,
+        description="the checkpoint disk's write ceiling, MB/s (fio); 0: unknown, saves not limited by it",
+    )
     after_save: Literal["continue", "exit"] = Field("continue", description="what a run does once saved")
     rescue_dir: ConfigPath = Field(
         Path("/var/lib/holdover/rescue"), description="where gcore dumps and /dev/shm copies go"
