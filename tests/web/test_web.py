@@ -21,6 +21,7 @@ from holdover.lab.broker import free_port
 from holdover.lab.targets import TcpTarget
 from holdover.node.rescue_ledger import RescueLedger
 from holdover.settings import WebSettings
+from holdover.train import registry
 from holdover.web.server import make_server
 from support import HOLDOVER, KEY, wait_for
 
@@ -481,6 +482,11 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
                 "protect": {"registry": str(tmp_path / "reg"), "grace": 60},
             }
         )
+        # A protected run (this process stands in for it), whose last save took 20 s.
+        last = registry.LastSave(5, str(tmp_path / "ckpt" / "step_5"), 0, 20.0, time.time() - 600)
+        run = registry.Registration("exp", os.getpid(), "", str(tmp_path / "ckpt"), 10, [], "/", time.time())
+        run.last_save = last
+        registry.write_registration(tmp_path / "reg", run)
         bridge = Bridge(cfg)
         bridge.ups_history.every_s = 0.0
         bt = BridgeThread(bridge).start()
@@ -489,6 +495,7 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
             with serving(SimpleNamespace(bridge=bt)) as client:
                 u = client.get("/api/ups").json()
                 assert (u["name"], u["status"], u["runtime_s"], u["guess"]) == ("apcupsd@127.0.0.1", "OL", 900, False)
+                assert [o["run"] for o in u["plan"]["order"]] == ["exp"] and u["plan"]["cannot"] == [], u["plan"]
                 with phone(client) as page:
                     page.wait_for_selector("#live.ok", timeout=10000)
                     assert page.locator('#ups [data-k="ups-status"]').inner_text() == "on line power"
@@ -497,6 +504,11 @@ def test_the_page_leads_with_the_host_ups_and_names_the_sentinels_cell_apart(tmp
                     text = page.locator("#ups").inner_text()
                     assert "ON BATTERY" in text and "91 %" in text and "7 min 30 s left" in text, text
                     assert "an emergency's deadline: UPS apcupsd@127.0.0.1: 450 s left" in text, text
+                    # The plan against that clock: 450 s less the 60 s margin and the 60 s grace.
+                    want = "rescue plan: with 5 min 30 s to save in (UPS apcupsd@127.0.0.1: 450 s left): exp 20 s"
+                    page.wait_for_function(
+                        f"document.querySelector('#ups [data-k=plan]')?.innerText.includes({want!r})", timeout=5000
+                    )
                     # The runtime axis starts at 0 and ends a round figure above the highest reading,
                     # so the ticks bracket the 7.5 min left (it ticked 10 and 15 min alone).
                     page.evaluate("history()")

@@ -1,4 +1,5 @@
-"""GET /api/ups: the host's UPS, the rescue's clock, as the bridge last read it (every poll_s)."""
+"""GET /api/ups: the host's UPS, the rescue's clock, as the bridge last read it (every poll_s), and
+the rescue plan against it: what a cut now would save (node/plan.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ router = APIRouter(prefix="/api/ups", tags=["ups"])
 
 @router.get("")
 async def ups_state(b: Bridge = Depends(bridge)) -> dict[str, Any]:
-    return snapshot.watched_ups(b.settings, b.ups)
+    latest, problem = (b.ups.latest, b.ups.problem) if b.ups is not None else (None, None)
+    return {**snapshot.watched_ups(b.settings, b.ups), "plan": snapshot.rescue_plan(b.settings, latest, problem)}
 
 
 @router.get("/history")
