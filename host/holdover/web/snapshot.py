@@ -131,6 +131,11 @@ def watched_ups(cfg: Settings, watch: UpsWatch | None) -> dict[str, Any]:
     return ups(cfg, watch.latest if watch else None, watch.problem if watch else None)
 
 
+def watched_plan(cfg: Settings, watch: UpsWatch | None) -> dict[str, Any]:
+    """rescue_plan() from a running bridge's watch, for the API and /metrics."""
+    return rescue_plan(cfg, watch.latest if watch else None, watch.problem if watch else None)
+
+
 def folded(
     journal: Journal, kinds: tuple[str, ...], sid: str | None, page: list[Event], limit: int, before: int | None = None
 ) -> dict[str, int]:

@@ -76,9 +76,7 @@ class BridgeCollector(Collector):
             yield CounterMetricFamily("holdover_failover_switches", "route switches", value=b.failover.switches)
 
     def _plan(self) -> Iterator[GaugeMetricFamily]:
-        b = self.bridge
-        ups = b.ups
-        p = snapshot.rescue_plan(b.settings, ups.latest if ups else None, ups.problem if ups else None)
+        p = snapshot.watched_plan(self.bridge.settings, self.bridge.ups)
         runs = GaugeMetricFamily(
             "holdover_rescue_plan_runs", "protected runs a cut now would save, or not", labels=["fits"]
         )

@@ -16,8 +16,7 @@ router = APIRouter(prefix="/api/ups", tags=["ups"])
 
 @router.get("")
 async def ups_state(b: Bridge = Depends(bridge)) -> dict[str, Any]:
-    latest, problem = (b.ups.latest, b.ups.problem) if b.ups is not None else (None, None)
-    return {**snapshot.watched_ups(b.settings, b.ups), "plan": snapshot.rescue_plan(b.settings, latest, problem)}
+    return {**snapshot.watched_ups(b.settings, b.ups), "plan": snapshot.watched_plan(b.settings, b.ups)}
 
 
 @router.get("/history")
