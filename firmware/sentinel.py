@@ -54,8 +54,6 @@ class Sentinel:
         self._up_ms = 0
         self.raised = {}
         self.heap_hwm = 0
-        self._disco_due = asyncio.Event()  # a connection came up: Home Assistant's configs to send
-        self._bursting = False
         window = min(8, cfg["mqtt"]["queue_len"] // 2)  # events in RAM at once (the rest wait on flash)
         self.outbox = outbox.Outbox(board, board.outbox_path, OUTBOX_CAP, self._send_event, window)
         self.commands = commands.CommandGate(
@@ -75,7 +73,7 @@ class Sentinel:
         self.mqtt.subscribe(protocol.topic(self.sid, protocol.CMD))
         self.mains = mains.MainsWatch(board, cfg["mains"], self._mains_changed, self._mains_tier)
         self.wifi = wifi.WifiKeeper(board.wlan(), cfg["wlan"], board, self.log)
-        self.battery = self.uplink = self.relay = self.led = None
+        self.battery = self.uplink = self.relay = self.led = self.announce = None
         if cfg["led"]["pin"] >= 0:
             import led
 
@@ -94,6 +92,12 @@ class Sentinel:
             import relay
 
             self.relay = relay.Relay(board, cfg["relay"], self._relay_switched)
+        if not self.safe_mode and cfg["ha"]["discovery"]:
+            import announce
+
+            self.announce = announce.Announcer(
+                self.mqtt, cfg, self.sid, board.name, self.wifi.mac, self._note_heap, self.log
+            )
         elif cfg["relay"]["pin"] >= 0 and cfg["relay"]["wiring"] == "no":
             # Safe mode takes no commands, but the modem on the normally-open contact needs the coil on.
             board.relay(cfg["relay"]["pin"], cfg["relay"]["active_low"]).value(1)
@@ -235,7 +239,8 @@ class Sentinel:
         # Birth first, so "online" is not stuck behind a backlog of queued events.
         self.mqtt.publish(protocol.topic(self.sid, protocol.STATUS), protocol.ONLINE, retain=True, first=True)
         self.publish_state()
-        self._disco_due.set()
+        if self.announce:
+            self.announce.due.set()
 
     # --- commands, from MQTT or the serial port --------------------------------------------
 
@@ -344,7 +349,7 @@ class Sentinel:
                 self.crashes = 0
                 self.board.nvs_set("crashes", 0)
                 self.log("boot", "stable; crash count cleared")
-            if not self._bursting:
+            if not (self.announce and self.announce.bursting):
                 # Resends that are due. Not beside a discovery burst: the two at once were the
                 # heap's fullest moment (3 KB over either alone); they wait a tick, on flash.
                 self.outbox.pump()
@@ -361,46 +366,6 @@ class Sentinel:
         live = gc.mem_alloc()
         if live > self.heap_hwm:
             self.heap_hwm = live
-
-    async def _discover(self):
-        # Home Assistant's configs go out as one burst once a connection is up, so a fresh Home
-        # Assistant has every entity within a second, each once the queue is short again: they
-        # are ~700 bytes, and a connect (birth, state, a backlog) is when the heap is fullest.
-        while True:
-            await self._disco_due.wait()
-            self._disco_due.clear()
-            # The backlog goes first: its bytes and the module's are not held at once.
-            await self._queue_short(0)
-            gc.collect()
-            self._bursting = True
-            try:
-                await self._discover_all()
-            except MemoryError:
-                self.log("discovery", "out of memory; again in a second")
-                self._disco_due.set()
-                await asyncio.sleep_ms(1000)
-            finally:
-                self._bursting = False
-                # Needed once a connect; the heap is better spent on the queue in between.
-                sys.modules.pop("discovery", None)
-                gc.collect()
-
-    async def _discover_all(self):
-        # A coroutine of its own, so that its frame, which holds the module, ends with the burst.
-        import discovery
-
-        for topic, payload in discovery.messages(self.cfg, self.sid, self.board.name, self.wifi.mac()):
-            await self._queue_short(0)
-            if self._disco_due.is_set() or not self.mqtt.connected:
-                return  # the next connection sends the whole set again
-            self.mqtt.publish(topic, payload, retain=True)
-            payload = None
-            self._note_heap()  # the burst's own peak (the module, a message queued), not left to chance
-            await asyncio.sleep_ms(0)
-
-    async def _queue_short(self, most):
-        while self.mqtt.pending() > most and self.mqtt.connected and not self._disco_due.is_set():
-            await asyncio.sleep_ms(20)
 
     async def _heartbeat(self):
         period = self.cfg["heartbeat_s"] * 1000
@@ -473,8 +438,8 @@ class Sentinel:
             tasks.append(("uplink", self.uplink.run))
         if self.led:
             tasks.append(("led", self.led.run))
-        if self.cfg["ha"]["discovery"] and not self.safe_mode:
-            tasks.append(("discovery", self._discover))
+        if self.announce:
+            tasks.append(("discovery", self.announce.run))
         await asyncio.gather(*[asyncio.create_task(self._keep(n, f)) for n, f in tasks])
 
     async def _keep(self, name, start):

@@ -113,3 +113,16 @@ def test_tests_live_in_the_folder_of_their_wing() -> None:
     assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
     folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
     assert folders <= TEST_WINGS, folders - TEST_WINGS
+
+
+MOST_LINES = 500
+FIRMWARE = ROOT.parents[1] / "firmware"
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """A module past 500 lines has grown a second idea (issue 53: guard.py at 1,023, settings.py at
+    768): split it by what it does before adding to it."""
+    sources = [*ROOT.rglob("*.py"), *FIRMWARE.glob("*.py")]
+    assert len(sources) > 150, len(sources)  # both trees seen, not an empty glob
+    over = {str(p): n for p in sources if (n := len(p.read_text().splitlines())) > MOST_LINES}
+    assert over == {}, f"split these by idea: {over}"

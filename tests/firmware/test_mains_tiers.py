@@ -94,8 +94,10 @@ def test_ghost_edges_on_steady_mains_raise_no_suspicion(rig_factory, counter: bo
     quiet = rig.count("mains_suspect") == 0 and rig.count("mains_dip") == 0
     # As above: a VM stall the board measured may look like missing edges on the IRQ path only.
     assert quiet or (not counter and st["loop_stalls"] > 0), (st, [x for x in rig.lines if "mains" in x])
-    # The rate from edges in cadence: a ghost the filter let through never adds to it.
-    assert st["mains_hz"] == 50 and st["mains"] is True, st
+    # The rate from edges in cadence: a ghost the filter let through never adds to it. Learned anew
+    # each second: on the IRQ path a second whose interrupts the loaded host delayed reads
+    # "unknown" (seen once under the full suite); a ghost counted would be wrong every second.
+    wait_for(lambda: (st := rig.board_state())["mains_hz"] == 50 and st["mains"] is True, 6, "50 Hz learned")
 
 
 @pytest.mark.parametrize("hz", [50, 60])

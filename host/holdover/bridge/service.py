@@ -467,12 +467,20 @@ class BridgeThread:
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.bridge.run(self.beside))
+        try:
+            self.loop.run_until_complete(self.bridge.run(self.beside))
+        finally:
+            # Closed here, in its own thread: left to the garbage collector, a loop was closed at
+            # the interpreter's exit after its self-pipe was gone ("Invalid file descriptor: -1",
+            # a traceback on stderr; seen once in bench/alert_latency.py's smoke under the suite).
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
 
     def start(self) -> BridgeThread:
         self.thread.start()
         return self
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.bridge.stop)
+        with contextlib.suppress(RuntimeError):  # the bridge has ended already, and its loop with it
+            self.loop.call_soon_threadsafe(self.bridge.stop)
         self.thread.join(15)

@@ -10,7 +10,7 @@ Timeline of one rescue (all of it journaled, step by step):
   compute kept per second first, the disks side by side; beside them at once, what
   the plan cannot weigh (runs never measured, processes matched without a registration)
   for each target, in that order:
-      ask to save (socket; the signal if the socket is unreachable) ─> follow progress
+      ask to save (node/save_ask.py: the socket; the signal if it is unreachable) ─> follow progress
       ─> verify every hash of the new manifest ─> done
       no answer, hung (no progress for hang_after), failed, or too late for the deadline
       ─> gcore into the rescue directory, copy configured /dev/shm files, each hashed
@@ -33,12 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from holdover import events, proc
@@ -47,7 +43,9 @@ from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node import dump, plan
 from holdover.node.rescue_ledger import RescueLedger
-from holdover.node.targets import Target, discover, registry_dir
+from holdover.node.save_ask import Asker
+from holdover.node.shed import Shedder, nvml
+from holdover.node.targets import Target, discover
 from holdover.node.ups import Runtime, runtime_from
 from holdover.settings import ProtectSettings, UpsSettings
 from holdover.train import ckpt, registry
@@ -90,9 +88,9 @@ class Rescuer:
         self._critical: dict[int, bool] = {}
         self._outage = False  # a power loss's rescue opened, and no source has said power is back
         self.grace_until: float | None = None  # epoch s: when the grace ends and saving starts
-        # What each run last reported of its save (state, bytes_done, bytes_total), for the banner:
-        # the ledger keeps changes of state only, not every progress report.
-        self.live: dict[str, dict[str, Any]] = {}
+        self.asker = Asker(settings, self.ledger, self._raise)
+        self.shed = Shedder(self.ledger, nvml() if settings.shed else None)
+        self._power_back = False  # said since the newest rescue opened: a run saved now is not stopped
 
     # --- events in ----------------------------------------------------------------------------------
 
@@ -101,6 +99,8 @@ class Rescuer:
             return
         if event.kind in BACK_KINDS:
             self._outage = False
+            self._power_back = True
+            self.shed.continue_all(f"{event.kind} from {event.sid}")
             if self._grace and not self._grace.done():
                 self._grace.cancel()
                 self.grace_until = None
@@ -155,6 +155,7 @@ class Rescuer:
 
     def _open(self, event: Event, deadline: float, why: str, critical: bool) -> None:
         self._outage = self._outage or event.kind in GRACE_KINDS
+        self._power_back = False
         rid = self.ledger.open(event.id, event.sid, event.kind, deadline, critical)
         if rid is None:
             return  # this event already started a rescue (e.g. before a bridge restart)
@@ -170,7 +171,7 @@ class Rescuer:
 
     def _start(self, rid: int, deadline: float, critical: bool) -> None:
         if not self._active:
-            self.live = {}
+            self.asker.live.clear()
         self._deadline[rid] = deadline
         self._critical[rid] = critical
         task = asyncio.get_running_loop().create_task(self._rescue(rid))
@@ -197,6 +198,7 @@ class Rescuer:
 
     def recover(self) -> int:
         """Resume the rescues a previous bridge left active; returns how many."""
+        self.shed.recover()
         n = 0
         for r in self.ledger.rescues(state="active"):
             log.warning("resuming rescue %d (%s) left active by a previous bridge", r["id"], r["reason"])
@@ -211,7 +213,7 @@ class Rescuer:
             "active": [
                 {"id": rid, "deadline": self._deadline[rid], "critical": self._critical[rid]} for rid in self._active
             ],
-            "live": {k: dict(v) for k, v in self.live.items()},
+            "live": {k: dict(v) for k, v in self.asker.live.items()},
         }
 
     async def wait_idle(self) -> None:
@@ -293,6 +295,13 @@ class Rescuer:
                 outcomes[t.key] = "error"
             else:
                 outcomes[t.key] = r
+        if self.s.shed and not self._power_back:
+            # A run is stopped once every rank of it here is verified: its group may hold the others.
+            for name in {t.name for t in targets}:
+                mine = [t for t in targets if t.name == name]
+                if all(outcomes.get(t.key) == "verified" for t in mine):
+                    for t in mine:
+                        self.shed.stop(rid, t)
 
     async def _lane(
         self,
@@ -343,7 +352,7 @@ class Rescuer:
         if not past:
             self._raise(events.CHECKPOINT_STARTED, t, deadline_in_s=round(self._deadline[rid] - time.time()))
         reserve = dump.estimate_gcore_seconds(t.pid, self.s.gcore_rate_mb_s) if self.s.gcore else 0.0
-        outcome = await self._ask(rid, t, past, reserve)
+        outcome = await self.asker.ask(rid, t, past, lambda: self._deadline[rid], reserve)
         if outcome is not None:
             directory, info = outcome
             try:
@@ -383,101 +392,6 @@ class Rescuer:
                 self.ledger.step(rid, t.key, t.pid, "verify_failed", error=str(e))
                 self._raise(events.CHECKPOINT_BAD, t, f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
-
-    async def _ask(
-        self, rid: int, t: Target, past: list[dict[str, Any]], reserve: float
-    ) -> tuple[Path, dict[str, Any]] | None:
-        """Get a save out of the target; its directory and the training side's report, or None."""
-        give_up = lambda: self._deadline[rid] - reserve  # noqa: E731 - the deadline can move while we wait
-        request_id = next((s["detail"]["id"] for s in past if s["action"] == "requested"), None)
-        since = past[0]["ts"] if past else time.time()
-        if t.socket and Path(t.socket).exists():
-            if request_id is None:
-                request_id = uuid.uuid4().hex[:12]
-                self.ledger.step(rid, t.key, t.pid, "requested", id=request_id, via="socket")
-            try:
-                return await self._follow(rid, t, request_id, give_up)
-            except (OSError, ConnectionError) as e:
-                self.ledger.step(rid, t.key, t.pid, "socket_failed", error=str(e))
-        if any(s["action"] == "signalled" for s in past):
-            log.info("%s: already signalled before a restart; not signalling twice", t.key)
-        elif t.signal:
-            self.ledger.step(rid, t.key, t.pid, "signalled", signal=signal.Signals(t.signal).name)
-            try:
-                os.kill(t.pid, t.signal)
-            except ProcessLookupError:
-                self.ledger.step(rid, t.key, t.pid, "lost", error="the process is gone")
-                return None
-        else:
-            return None
-        if t.reg is None:
-            # An unregistered process: nothing reports a save, so only the dump is certain.
-            return None
-        return await self._poll_registration(rid, t, since, give_up)
-
-    async def _follow(
-        self, rid: int, t: Target, request_id: str, give_up: Callable[[], float]
-    ) -> tuple[Path, dict[str, Any]] | None:
-        assert t.socket
-        async with await registry.SaveChannel.open(t.socket) as chan:
-            await chan.send(
-                "save", id=request_id, reason="power", deadline=self._deadline[rid], after=self.s.after_save
-            )
-            last_progress = time.monotonic()
-            state = "sent"  # every state the run reports is journaled, the first one too
-            while True:
-                remaining = give_up() - time.time()
-                quiet = self.s.hang_after - (time.monotonic() - last_progress)
-                if remaining <= 0:
-                    self.ledger.step(rid, t.key, t.pid, "too_late", state=state)
-                    self._raise(events.CHECKPOINT_LATE, t, f"{t.name}: no checkpoint before the deadline ({state})")
-                    return None
-                if quiet <= 0:
-                    self.ledger.step(rid, t.key, t.pid, "hung", state=state, quiet_s=self.s.hang_after)
-                    self._raise(
-                        events.CHECKPOINT_HUNG,
-                        t,
-                        f"{t.name}: save {state}, no progress for {self.s.hang_after:.0f}s",
-                    )
-                    return None
-                msg = await chan.next(timeout=min(remaining, quiet))
-                if msg is None:
-                    continue
-                last_progress = time.monotonic()
-                new = msg.get("state", state)
-                self.live[t.key] = {"name": t.name, **msg, "state": new, "at": time.time()}
-                if new != state:
-                    self.ledger.step(rid, t.key, t.pid, new, **{k: v for k, v in msg.items() if k != "state"})
-                    state = new
-                if state == "done":
-                    return Path(msg["dir"]), msg
-                if state == "failed":
-                    self._raise(events.CHECKPOINT_FAILED, t, f"{t.name}: checkpoint failed: {msg.get('error')}")
-                    return None
-                if state == "unknown":
-                    raise ConnectionError("the training process does not know the request")
-
-    async def _poll_registration(
-        self, rid: int, t: Target, since: float, give_up: Callable[[], float]
-    ) -> tuple[Path, dict[str, Any]] | None:
-        # After a signal the only report is the registration file's last_save (newer than `since`).
-        path = registry.registration_path(registry_dir(self.s), t.reg.name, t.reg.rank) if t.reg else None
-        while time.time() < give_up():
-            if not registry.pid_alive(t.pid):
-                self.ledger.step(rid, t.key, t.pid, "lost", error="the process exited before saving")
-                return None
-            try:
-                reg = registry.Registration.from_json(path.read_text()) if path else None
-            except (OSError, ValueError):
-                reg = None
-            if reg and reg.last_save and reg.last_save.at >= since:
-                info = {"seconds": reg.last_save.seconds, "step": reg.last_save.step}
-                self.ledger.step(rid, t.key, t.pid, "done", dir=reg.last_save.directory, **info)
-                return Path(reg.last_save.directory), info
-            await asyncio.sleep(0.2)
-        self.ledger.step(rid, t.key, t.pid, "too_late", state="signalled")
-        self._raise(events.CHECKPOINT_LATE, t, f"{t.name}: no checkpoint after the signal before the deadline")
-        return None
 
     async def _last_resort(self, rid: int, t: Target) -> str:
         out = self.s.rescue_dir / f"rescue-{rid}" / t.key.replace(":", "-").replace("/", "_")

@@ -27,6 +27,12 @@ class ProtectSettings(_Strict):
     margin: float = Field(60.0, ge=0, description="seconds of the runtime estimate kept in reserve")
     hang_after: float = Field(30.0, gt=0, description="a save that reports no progress this long is hung")
     plan: bool = Field(True, description="save as the plan says (node/plan.py); false: every run at once")
+    shed: bool = Field(
+        False,
+        description="stop each run once its emergency checkpoint is verified (SIGSTOP its process group, and"
+        " its GPUs' power limit to their floor where NVML answers), so the UPS lasts longer for the others and the"
+        " outage; continued when the power is back (node/shed.py)",
+    )
     disk_mb_s: float = Field(
         0.0,
         ge=0,
