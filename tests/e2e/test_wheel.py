@@ -134,7 +134,13 @@ def test_the_wheel_installs_whole_and_runs_from_anywhere(tmp_path: Path) -> None
     reader = threading.Thread(target=lambda: lines.extend(iter(demo.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
     try:
-        printed = wait_for(lambda: [x for x in list(lines) if " lab " in x and "--port" in x] or None, 120, "the hold")
+        # All four: the timeline holds each line 250 ms to print them in order, so under load the first
+        # two were once all there was when the first appeared.
+        def commands() -> list[str] | None:
+            got = [x for x in list(lines) if " lab " in x and "--port" in x]
+            return got if len(got) >= 4 else None
+
+        printed = wait_for(commands, 120, "the hold's four commands")
         played = {}
         for i, line in enumerate(printed):
             command = line.split("demo", 1)[1].split("#")[0].strip()  # after the timeline's stamp and part

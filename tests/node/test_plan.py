@@ -64,6 +64,34 @@ def test_at_the_disks_ceiling_the_runs_that_fit_go_one_at_a_time_most_compute_ke
     assert (p.kept_s, p.lost_s) == (8 * 1500 + 2 * 600, 4 * 720)
 
 
+def test_the_ups_lasts_longer_as_each_saved_run_stops_drawing_and_the_plan_says_by_how_much() -> None:
+    # 600 s of UPS at 1,000 W: 600 kJ. Two one-rank runs of 400 W saved in turn, done at 100 s and
+    # 200 s (a 0 s grace): 100 kJ at 1,000 W, 60 kJ at 600 W, then 440 kJ at 200 W is 2,200 s more.
+    assert plan.shed_runtime(600, 1000, [(100, 400), (200, 400)]) == 2400
+    assert plan.shed_runtime(600, 1000, [(700, 400)]) == 600  # the UPS is gone before the stop
+    runs = [_cost("llama", 100, 1500), _cost("bert", 100, 600)]
+    p = plan.plan(runs, 600, "UPS hostups: 600 s", guess=False, margin_s=0, grace_s=0, ceiling=1.0e9)
+    assert p.shed_gain_s is None  # nothing known of the load: no model, no claim
+    p.load_w, p.rank_w, p.shed = 1000, 400, True
+    assert p.shed_runtime_s == 2400 and p.shed_gain_s == 1800
+    assert p.sentence().endswith("; each run stopped once saved: the UPS lasts about 30 min 0 s more (1000 W to 200 W)")
+    assert p.as_dict()["shed_gain_s"] == 1800
+    p.shed = False
+    assert p.sentence().endswith("would buy about 30 min 0 s (1000 W to 200 W); shedding is off")
+    p.rank_w = 600  # the runs would draw more than the UPS gives: the figures disagree, no claim
+    assert p.shed_gain_s is None and "W to" not in p.sentence()
+
+
+def test_the_ups_load_in_watts_is_its_load_percent_of_its_rated_power() -> None:
+    from holdover.node.ups import UpsReading, runtime_from
+    from holdover.settings import UpsSettings
+
+    r = UpsReading(("OB",), 80.0, 300.0, 45.0, time.time())
+    rated = UpsSettings(nut="hostups@127.0.0.1", watts=900)
+    assert runtime_from(rated, r, None, 600).load_w == 405
+    assert runtime_from(UpsSettings(nut="hostups@127.0.0.1"), r, None, 600).load_w is None
+
+
 def test_two_small_saves_worth_more_beat_one_large_one_and_the_loser_is_named() -> None:
     runs = [
         _cost("big", 200, 1000),  # 1000 s kept for 200 s

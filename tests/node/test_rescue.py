@@ -353,3 +353,19 @@ def test_a_cut_saves_in_the_plans_order_one_at_a_time_and_never_starts_what_cann
             steps = RescueLedger(j).steps()
         asked = [x["target"].split(":")[0] for x in steps if x["action"] == "requested"]
         assert asked[-1] == "vit" and sorted(asked) == ["bert", "llama", "vit"], asked
+
+        # Shedding: llama and bert stopped once verified, the UPS says it lasts longer at the lower
+        # load, and vit, tried last, now fits: asked, saved and verified in the time they bought.
+        for name, seconds, age_s, world in (("llama", 4, 1500, 8), ("bert", 2, 600, 2), ("vit", 30, 720, 4)):
+            _craft(reg, name, seconds, age_s, world)  # as before: the saves above wrote their own figures
+        with Journal(tmp_path / "j3.db") as j:
+            r = Rescuer(_settings(tmp_path, disk_mb_s=500, shed=True), j)
+            r.runtime = lambda _d: Runtime(60 if r.shed.stopped else 20, "UPS hostups", False, True)
+            asyncio.run(_drive(r, _event(j, protocol.MAINS_LOST)))
+            steps = RescueLedger(j).steps()
+            [rescue] = RescueLedger(j).rescues()
+            asyncio.run(_drive(r, _event(j, protocol.MAINS_RESTORED), idle=False))
+        did = [(x["target"].split(":")[0], x["action"]) for x in steps if x["action"] in ("verified", "shed")]
+        assert did == [("llama", "verified"), ("llama", "shed"), ("bert", "verified"), ("bert", "shed"),
+                       ("vit", "verified"), ("vit", "shed")], did  # fmt: skip
+        assert rescue["deadline"] - rescue["started"] > 50  # pushed out from 15 s by what the UPS said

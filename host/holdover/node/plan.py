@@ -81,6 +81,21 @@ class Plan:
     guess: bool
     lanes: list[list[Slot]] = field(default_factory=list)
     cannot: list[tuple[RunCost, str]] = field(default_factory=list)
+    # The load model, when the UPS's load in watts and what a rank draws are known:
+    load_w: float | None = None  # the UPS's load now
+    rank_w: float = 0.0  # what one rank draws while it trains ([protect] rank_watts)
+    grace_s: float = 0.0
+    shed: bool = False  # [protect] shed: each run stopped once saved
+
+    @property
+    def shed_runtime_s(self) -> float | None:
+        """The UPS's runtime if each run planned stops drawing once its save ends (None: no model)."""
+        if not self.load_w or not self.rank_w or not self.fits:
+            return None
+        stops = [(self.grace_s + s.end_s, s.run.ranks * self.rank_w) for s in self.fits]
+        if sum(w for _t, w in stops) >= self.load_w:
+            return None  # the runs would draw all the UPS gives, or more: the figures disagree
+        return shed_runtime(self.runtime_s, self.load_w, stops)
 
     @property
     def fits(self) -> list[Slot]:
@@ -105,7 +120,19 @@ class Plan:
             out += f" ({len(self.lanes)} disks side by side)"
         for r, why in self.cannot:
             out += f"; {r.name} {why}"
+        if (gain := self.shed_gain_s) is not None and self.load_w:
+            left = self.load_w - sum(s.run.ranks * self.rank_w for s in self.fits)
+            model = f"{self.load_w:.0f} W to {left:.0f} W"
+            if self.shed:
+                out += f"; each run stopped once saved: the UPS lasts about {duration(gain)} more ({model})"
+            else:
+                out += f"; stopping each run once saved would buy about {duration(gain)} ({model}); shedding is off"
         return out
+
+    @property
+    def shed_gain_s(self) -> float | None:
+        rt = self.shed_runtime_s
+        return None if rt is None else max(rt - self.runtime_s, 0.0)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +148,9 @@ class Plan:
             "cannot": [{"run": r.name, "why": why, "age_s": r.age_s} for r, why in self.cannot],
             "kept_s": round(self.kept_s),
             "lost_s": round(self.lost_s),
+            "shed": self.shed,
+            "load_w": self.load_w,
+            "shed_gain_s": None if (g := self.shed_gain_s) is None else round(g, 1),
             "sentence": self.sentence(),
         }
 
@@ -130,7 +160,23 @@ def for_node(protect: ProtectSettings, rt: Runtime, now: float | None = None) ->
     regs, _problems = registry.read_registrations(registry_dir(protect))
     live = [r for r in regs if registry.pid_alive(r.pid)]
     ceiling = protect.disk_mb_s * 1e6 or None
-    return plan(costs(live, now), rt.seconds, rt.said, rt.guess, protect.margin, protect.grace, ceiling)
+    p = plan(costs(live, now), rt.seconds, rt.said, rt.guess, protect.margin, protect.grace, ceiling)
+    p.load_w, p.rank_w, p.shed = rt.load_w, protect.rank_watts, protect.shed
+    return p
+
+
+def shed_runtime(runtime_s: float, load_w: float, stops: list[tuple[float, float]]) -> float:
+    """The UPS's runtime if runs stop drawing along the way: the energy it has left (its runtime
+    times its load, as a UPS estimating runtime from its load has it) spent at each moment's load.
+    stops: (seconds from now, watts that stop then). A battery gives more than this at a lower load
+    (Peukert's law), so the gain it shows is the least to expect."""
+    energy, t, load = runtime_s * load_w, 0.0, load_w
+    for at, watts in sorted(stops):
+        if energy <= load * (at - t):
+            break
+        energy -= load * max(at - t, 0.0)
+        t, load = max(at, t), load - watts
+    return t + energy / load
 
 
 def costs(regs: list[Registration], now: float | None = None) -> list[RunCost]:

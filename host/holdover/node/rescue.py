@@ -184,14 +184,28 @@ class Rescuer:
         """Re-read the UPS while saving: a runtime that falls faster than expected pulls the deadline in."""
         while True:
             await asyncio.sleep(1.0)
-            rt = self.runtime(self.s.runtime_default)
-            if not rt.read:
-                continue
-            deadline = time.time() + rt.seconds - self.s.margin
-            if deadline < self._deadline.get(rid, deadline) - 1.0:
-                log.warning("deadline pulled in by %.0f s: %s", self._deadline[rid] - deadline, rt.said)
-                self._deadline[rid] = deadline
-                self.ledger.update(rid, deadline=deadline)
+            self._reread(rid)
+
+    def _reread(self, rid: int) -> None:
+        rt = self.runtime(self.s.runtime_default)
+        if not rt.read:
+            return
+        deadline = time.time() + rt.seconds - self.s.margin
+        if deadline < self._deadline.get(rid, deadline) - 1.0:
+            log.warning("deadline pulled in by %.0f s: %s", self._deadline[rid] - deadline, rt.said)
+            self._deadline[rid] = deadline
+            self.ledger.update(rid, deadline=deadline)
+        elif self.shed.stopped and not rt.guess and deadline > self._deadline.get(rid, deadline) + self._noise(rid):
+            # Only a read runtime moves it out, and only once runs are stopped: the time shedding
+            # bought, as the UPS itself reports it (never the plan's model of it).
+            log.warning("deadline pushed out by %.0f s: %s", deadline - self._deadline[rid], rt.said)
+            self._deadline[rid] = deadline
+            self.ledger.update(rid, deadline=deadline)
+
+    def _noise(self, rid: int) -> float:
+        """How much later a UPS's runtime must say the end is before the deadline moves out: past
+        its readings' jitter (whole seconds, a few of them) and a tenth of what is left."""
+        return min(5.0, 0.1 * max(self._deadline[rid] - time.time(), 0.0)) + 0.05
 
     def start(self) -> None:
         self.recover()
@@ -255,8 +269,10 @@ class Rescuer:
                 runs.setdefault(t.reg.name, []).append(t)
         lanes = [[s.run for s in lane] for lane in chosen.lanes]
         left_out = [(r, why) for r, why in chosen.cannot if r.save_s is not None]
-        if chosen.guess and left_out:
-            # A guessed budget leaves nothing out: what it would, is asked after the rest.
+        if (chosen.guess or self.s.shed) and left_out:
+            # A guessed budget leaves nothing out: what it would, is asked after the rest. So with
+            # shedding: the runs stopped once saved may stretch the UPS enough for it when its
+            # turn comes (the turn's check is against the deadline as the UPS then says it).
             lanes = lanes or [[]]
             lanes[0] += [r for r, _why in left_out]
             left_out = []
@@ -321,6 +337,7 @@ class Rescuer:
                 done, _pending = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     running.pop(task)
+            self._reread(rid)  # the UPS as it stands now: fallen, or stretched by the runs stopped
             left = self._deadline[rid] - time.time()
             if cost.save_s is not None and not guess and cost.save_s > left:
                 why = (

@@ -140,6 +140,7 @@ class Runtime:
     guess: bool  # [ups] runtime_s or [protect] runtime_default: not read from a UPS
     read: bool  # from a reading (a UPS, or [ups] runtime_s): counts from now, not from the cut
     why: str = ""  # a guess's reason in a person's words, no config keys ("no UPS configured")
+    load_w: float | None = None  # the UPS's load in watts: its ups.load % of [ups] watts, when both are known
 
 
 def runtime_from(
@@ -168,7 +169,8 @@ def runtime_from(
         return Runtime(
             r.runtime_s, f"[ups] runtime_s {r.runtime_s:.0f} s, a guess", True, True, "a fixed runtime, no UPS read"
         )
-    return Runtime(r.runtime_s, f"UPS {ups.name}: {r.runtime_s:.0f} s left", False, True)
+    load_w = r.load * ups.watts / 100 if r.load is not None and ups.watts else None
+    return Runtime(r.runtime_s, f"UPS {ups.name}: {r.runtime_s:.0f} s left", False, True, load_w=load_w)
 
 
 def read_once(settings: UpsSettings) -> tuple[UpsReading | None, str | None]:

@@ -33,6 +33,12 @@ class ProtectSettings(_Strict):
         " its GPUs' power limit to their floor where NVML answers), so the UPS lasts longer for the others and the"
         " outage; continued when the power is back (node/shed.py)",
     )
+    rank_watts: float = Field(
+        0.0,
+        ge=0,
+        description="what one rank of a run draws while it trains (W: its GPU's and a share of the box's; nvidia-smi"
+        " shows the GPU's): what stopping it gives back to the UPS, in the plan (0: not modelled)",
+    )
     disk_mb_s: float = Field(
         0.0,
         ge=0,
@@ -198,6 +204,12 @@ class UpsSettings(_PasswordFromFile):
     timeout_s: float = Field(2.0, gt=0, le=60, description="a NUT answer slower than this is a failed read")
     disagree_after_s: float = Field(
         15.0, ge=0, description="a sentinel's mains loss the UPS does not see for this long is alerted"
+    )
+    watts: float = Field(
+        0.0,
+        ge=0,
+        description="the UPS's rated real power (W, its label's watts, not VA): with its ups.load %, the load the"
+        " rescue plan models shedding against (0: not modelled)",
     )
 
     @field_validator("nut")

@@ -101,6 +101,12 @@ class BridgeCollector(Collector):
             ),
         ):
             yield GaugeMetricFamily(metric, help_, value=float(p[key]))
+        if p["shed_gain_s"] is not None:  # only with the load model's figures: no claim without them
+            yield GaugeMetricFamily(
+                "holdover_rescue_plan_shed_gain_seconds",
+                "runtime the UPS gains if each run stops once saved (load model: energy left / load)",
+                value=float(p["shed_gain_s"]),
+            )
 
     def _ups(self) -> Iterator[GaugeMetricFamily]:
         u = snapshot.watched_ups(self.bridge.settings, self.bridge.ups)
