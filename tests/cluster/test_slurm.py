@@ -445,3 +445,30 @@ def test_a_controller_killed_at_each_turn_of_a_cut_goes_on_from_slurm_and_its_jo
         finally:
             fifth.terminate()
             fifth.wait(20)
+
+
+def test_one_scancel_tells_every_job_and_a_job_gone_meanwhile_is_named(tmp_path: Path, monkeypatch) -> None:
+    """A cut's jobs in one scancel (bench/site_scale.py: one a job grew a 32-node cut by 0.6 s);
+    scancel tells what it can and fails if one job is gone: squeue then says which were told."""
+    from holdover.cluster.slurm import Slurm, SlurmError
+    from holdover.settings import SlurmSettings
+
+    calls = tmp_path / "calls"
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    # As Slurm's own: scancel signals jobs 11 and 13 and refuses 12, which ended a moment ago.
+    (bin_ / "scancel").write_text(
+        f'#!/bin/sh\necho "scancel $*" >> {calls}\necho "scancel: error: Kill job error on job id 12: Invalid job id specified" >&2\nexit 1\n'
+    )
+    (bin_ / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {calls}\nprintf "11\\n13\\n"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:/usr/bin:/bin")
+    slurm = Slurm(SlurmSettings())
+    with pytest.raises(SlurmError, match="Invalid job id specified"):
+        slurm.signal(["11", "12", "13"], "USR2")
+    assert slurm.running(["11", "12", "13"]) == {"11", "13"}
+    assert calls.read_text().splitlines() == [
+        "scancel --signal=USR2 11 12 13",
+        "squeue -h -j 11,12,13 -t RUNNING,SUSPENDED -o %i",
+    ]

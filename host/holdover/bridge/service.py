@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from holdover import events
 from holdover.bridge import commands as command
@@ -36,13 +36,13 @@ from holdover.node.bonding import BondWatch
 from holdover.node.datacap import DataCap
 from holdover.node.diagnose import Diagnosis
 from holdover.node.dongle import Dongle, dial
-from holdover.node.failover import Failover
-from holdover.node.hotplug import Hotplug
-from holdover.node.netlink import open_handle
 from holdover.node.rescue import Rescuer, no_runtime
 from holdover.node.systemd import Notifier
 from holdover.node.ups import UpsReading, UpsWatch
 from holdover.settings import Settings
+
+if TYPE_CHECKING:
+    from holdover.node.failover import Failover
 
 # What runs beside the bridge on its loop while it runs (entered at start, left as it stops).
 Beside = Callable[["Bridge"], contextlib.AbstractAsyncContextManager[None]]
@@ -105,6 +105,11 @@ class Bridge:
         self.failover: Failover | None = None
         fo = self.settings.failover
         if fo.uplinks:
+            # pyroute2 (9 MB resident) only where there are uplinks to fail over: a site's node bridges have none.
+            from holdover.node.failover import Failover
+            from holdover.node.hotplug import Hotplug
+            from holdover.node.netlink import open_handle
+
             # The routing table of the namespace configured (tests), else this machine's own.
             self.failover = Failover(
                 fo,

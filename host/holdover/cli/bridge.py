@@ -193,9 +193,12 @@ def bridge(
         )
     if cfg.slurm.enabled:
         _slurm_knows_the_circuits(cfg, config)
-    from holdover.web.server import serving
+    beside = None
+    if cfg.web.enabled:  # FastAPI and uvicorn are 26 MB resident: a bridge that serves nothing never loads them
+        from holdover.web.server import serving
 
-    asyncio.run(Bridge(cfg).run(beside=lambda b: serving(b, cfg.web)))
+        beside = lambda b: serving(b, cfg.web)  # noqa: E731
+    asyncio.run(Bridge(cfg).run(beside=beside))
 
 
 def _slurm_knows_the_circuits(cfg: Settings, config: Path) -> None:

@@ -108,7 +108,8 @@ class Circuits:
         told = [j for j in drained.data.get("jobs") or [] if isinstance(j, dict) and j.get("job") not in done]
         log.info("circuit %s: drained before the restart (%s); %d job(s) still followed", c.name, lost, len(told))
         for j in told:
-            job = Job(str(j["job"]), str(j.get("name", "")), str(j.get("partition", "")), str(j["nodes"]), "")
+            count = j.get("count") if isinstance(j.get("count"), int) else 0
+            job = Job(str(j["job"]), str(j.get("name", "")), str(j.get("partition", "")), str(j["nodes"]), "", count)
             self._start_follow(c, job, float(j.get("at", drained.rx_ts)))
 
     def _last_power(self, c: SlurmCircuit) -> Event | None:
@@ -225,16 +226,25 @@ class Circuits:
         if todo:
             await self._retrying(c, f"draining {','.join(todo)}", self.slurm.drain, todo, reason)
         jobs = await self._retrying(c, f"listing the jobs on {c.nodes}", self.slurm.jobs_on, names)
+        by_signal: dict[str, list[Job]] = {}
+        for job in jobs:
+            by_signal.setdefault(self.s.signal_for(job.partition, job.name), []).append(job)
         told, failed = [], []
-        for job in jobs:  # one try each: a job that ended meanwhile is refused, and told as such
-            sig = self.s.signal_for(job.partition, job.name)
-            ok, _ = await self._call(c, f"signalling job {job.id}", self.slurm.signal, job.id, sig)
+        for sig, group in by_signal.items():  # one try each: a job that ended meanwhile is told as such
+            ids = [j.id for j in group]
+            ok, _ = await self._call(c, f"signalling job(s) {','.join(ids)}", self.slurm.signal, ids, sig)
             at = time.time()
-            entry = {"job": job.id, "name": job.name, "partition": job.partition, "nodes": job.nodes, "signal": sig}
-            if ok:
-                entry["at"] = round(at, 3)  # a restarted bridge follows it from here (start)
-                self._start_follow(c, job, at)
-            (told if ok else failed).append(entry)
+            reached = set(ids)
+            if not ok:  # scancel told the jobs it could: those still there
+                found, still = await self._call(c, "listing the jobs signalled", self.slurm.running, ids)
+                reached = still if found else set()
+            for job in group:
+                entry = {"job": job.id, "name": job.name, "partition": job.partition, "nodes": job.nodes}
+                entry |= {"signal": sig, "count": job.count}
+                if job.id in reached:
+                    entry["at"] = round(at, 3)  # a restarted bridge follows it from here (start)
+                    self._start_follow(c, job, at)
+                (told if job.id in reached else failed).append(entry)
         self.raise_event(
             events.SLURM_DRAINED,
             {
@@ -271,12 +281,14 @@ class Circuits:
         self._follows.add(follow)
         follow.add_done_callback(self._follows.discard)
 
-    def _saved(self, job: Job, nodes: list[str], since: float) -> tuple[int | None, list[str]]:
+    def _saved(self, job: Job, nodes: list[str] | None, since: float) -> tuple[int | None, list[str]]:
         """The step every node of the job has a verified checkpoint of, made since `since`, or
-        (None, the nodes without one)."""
-        steps, missing = set(), []
-        for n in nodes:
-            state = self.node_states.get(n) or {}
+        (None, what is missing). `nodes`: the job's, expanded; None: any job.count nodes that report it
+        (no Slurm call a job while a cut is followed; the missing are named only if it ends unsaved)."""
+        made_by: dict[str, int] = {}
+        for n, state in self.node_states.items():
+            if nodes is not None and n not in nodes:
+                continue
             runs = [r for r in (state.get("runs") or {}).values() if isinstance(r, dict) and r.get("job") == job.id]
             made = [
                 r["step"]
@@ -285,18 +297,24 @@ class Circuits:
                 and isinstance(r.get("checkpoint_age_s"), int | float)
                 and float(state.get("ts", 0)) - r["checkpoint_age_s"] >= since - CLOCK_SLACK_S
             ]
-            if not made:
-                missing.append(n)
-            else:
-                steps.add(max(made))
+            if made:
+                made_by[n] = max(made)
+        if nodes is not None:
+            missing = [n for n in nodes if n not in made_by]
+        else:
+            missing = [] if len(made_by) >= job.count else [f"{job.count - len(made_by)} of {job.count} node(s)"]
+        steps = set(made_by.values())
         if missing or len(steps) != 1:
-            return None, missing or [f"{n} (steps differ: {sorted(steps)})" for n in nodes]
+            return None, missing or [f"{n} (steps differ: {sorted(steps)})" for n in sorted(made_by)]
         return steps.pop(), []
 
     async def _follow(self, c: SlurmCircuit, job: Job, since: float) -> None:
-        ok, nodes = await self._call(c, f"expanding job {job.id}'s nodes {job.nodes}", self.slurm.hostnames, job.nodes)
-        if not ok:
-            return
+        expand = f"expanding job {job.id}'s nodes {job.nodes}"
+        nodes: list[str] | None = None
+        if not job.count:  # taken up from an older journal entry: the nodes from Slurm, as before
+            ok, nodes = await self._call(c, expand, self.slurm.hostnames, job.nodes)
+            if not ok:
+                return
         # From the signal, not from now: a bridge restarted since gives the job only what is left.
         deadline = time.monotonic() + self.s.save_timeout_s - max(0.0, time.time() - since)
         step, missing = self._saved(job, nodes, since)
@@ -304,6 +322,10 @@ class Circuits:
             self._heard.clear()
             await events.woken(self._heard, deadline - time.monotonic())
             step, missing = self._saved(job, nodes, since)
+        if step is None and nodes is None:  # name the nodes that never said, now that it matters
+            ok, found = await self._call(c, expand, self.slurm.hostnames, job.nodes)
+            if ok:
+                step, missing = self._saved(job, found, since)
         data: dict[str, Any] = {"circuit": c.name, "job": job.id, "name": job.name, "nodes": job.nodes}
         if step is None:
             self.raise_event(
@@ -311,10 +333,12 @@ class Circuits:
             )
             return
         then = {"run": "left running", "requeue": "requeued", "hold": "requeued and held"}[self.s.then]
+        ok = True
         if self.s.then == "requeue":
             ok, _ = await self._call(c, f"requeueing job {job.id}", self.slurm.requeue, job.id)
         elif self.s.then == "hold":
             ok, _ = await self._call(c, f"holding job {job.id}", self.slurm.hold, job.id)
         if not ok:
             then = f"not {then}: Slurm refused (see slurm_failed)"
-        self.raise_event(events.SLURM_JOB_SAVED, {**data, "step": step, "count": len(nodes), "then": then})
+        count = len(nodes) if nodes is not None else job.count
+        self.raise_event(events.SLURM_JOB_SAVED, {**data, "step": step, "count": count, "then": then})

@@ -28,7 +28,9 @@ from pyroute2 import NetNS
 from pyroute2 import netns as pr_netns
 
 from holdover import proc
-from holdover.node.netlink import in_netns
+from holdover.node.netlink import configured, in_netns
+
+configured()  # before any namespace's socket: pyroute2's forked child must not take our signals
 
 TARGET = "198.51.100.1"
 # near: the node's interface; far: the ISP's end facing the node; up/peer: the ISP's link upstream.

@@ -31,6 +31,9 @@ from pyroute2 import netns as pr_netns
 from holdover import proc
 from holdover.cluster.slurm import SlurmError
 from holdover.lab.broker import free_port
+from holdover.node.netlink import configured
+
+configured()  # before any namespace's socket: pyroute2's forked child must not take our signals
 
 SUBNET = "198.51.100"  # TEST-NET-2: documentation only, never routed anywhere
 CTL = ("ctl", f"{SUBNET}.10")

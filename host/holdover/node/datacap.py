@@ -12,14 +12,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from holdover import events
 from holdover.events import Polling
 from holdover.journal import Journal, Ledger
 from holdover.node.dongle import Dongle, DongleError
-from holdover.node.failover import Failover
 from holdover.settings import DongleSettings
+
+if TYPE_CHECKING:
+    from holdover.node.failover import Failover
 
 log = logging.getLogger("holdover.datacap")
 

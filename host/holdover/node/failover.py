@@ -28,8 +28,10 @@ from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Event
 from holdover.node import probe, routes
-from holdover.node.netlink import NetlinkThread
+from holdover.node.netlink import NetlinkThread, configured
 from holdover.settings import FailoverSettings
+
+configured()  # before any namespace's socket: pyroute2's forked child must not take our signals
 
 log = logging.getLogger("holdover.failover")
 

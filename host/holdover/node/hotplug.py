@@ -19,7 +19,9 @@ from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from holdover import events
 from holdover.journal import Event
-from holdover.node.netlink import in_netns
+from holdover.node.netlink import configured, in_netns
+
+configured()  # before any namespace's socket: pyroute2's forked child must not take our signals
 
 log = logging.getLogger("holdover.hotplug")
 

@@ -16,14 +16,21 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pyroute2.config
-from pyroute2 import netns as pr_netns
 
-# pyroute2 makes a namespace's sockets in a forked child and then SIGTERMs it. By default the
-# child keeps the parent's handlers, and asyncio's handler writes the signal to a wakeup pipe the
-# child shares with the bridge: the bridge took the child's SIGTERM for its own and stopped, a
-# second after start, in CI. With this set, the child restores the default action first.
-pyroute2.config.disable_mp_signal = True
+def configured() -> Any:
+    """pyroute2's netns, imported and set up at first use: 9 MB resident that a bridge with no
+    uplinks and no namespace (a site's node bridges, bench/site_scale.py) never needs. Every module
+    that holds pyroute2 calls it when imported (hotplug, failover, the lab's namespaces), before it
+    can make a namespace's socket."""
+    import pyroute2.config
+    from pyroute2 import netns
+
+    # pyroute2 makes a namespace's sockets in a forked child and then SIGTERMs it. By default the
+    # child keeps the parent's handlers, and asyncio's handler writes the signal to a wakeup pipe
+    # the child shares with the bridge: the bridge took the child's SIGTERM for its own and
+    # stopped, a second after start, in CI. With this set, the child restores the default first.
+    pyroute2.config.disable_mp_signal = True
+    return netns
 
 
 @contextlib.contextmanager
@@ -32,6 +39,7 @@ def in_netns(name: str | None) -> Iterator[None]:
     if name is None:
         yield
         return
+    pr_netns = configured()
     pr_netns.pushns(name)
     try:
         yield
@@ -41,6 +49,7 @@ def in_netns(name: str | None) -> Iterator[None]:
 
 def open_handle(netns: str | None) -> Any:
     """An IPRoute on this machine's table, or a NetNS on the namespace `netns`."""
+    configured()
     from pyroute2 import IPRoute, NetNS
 
     return NetNS(netns) if netns else IPRoute()

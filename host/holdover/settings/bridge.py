@@ -4,6 +4,8 @@ journal, the sentinels and their keys, hooks, alerts, NUT serving, Home Assistan
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -130,6 +132,28 @@ class NutServerSettings(_Strict):
 SMS_SCHEME = "dongle-sms://"  # an alert channel sent as SMS by the [dongle], not by apprise
 
 
+_APPRISE_CHECK = (
+    "import sys, apprise; "
+    "sys.exit(0 if apprise.Apprise.instantiate(sys.argv[1], suppress_exceptions=True) is not None else 1)"
+)
+_taken: dict[str, bool] = {}
+
+
+def apprise_takes(url: str) -> bool:
+    """Whether apprise can use the URL. Asked in a child process unless apprise is loaded here
+    already: its plugins, once imported, stay 28 MB resident, and a bridge that never alerts (most
+    of a site's node bridges: one alerts for the site) need not carry them (bench/site_scale.py)."""
+    if url not in _taken:
+        if "apprise" in sys.modules:
+            import apprise
+
+            _taken[url] = apprise.Apprise.instantiate(url, suppress_exceptions=True) is not None
+        else:
+            r = subprocess.run([sys.executable, "-c", _APPRISE_CHECK, url], capture_output=True, timeout=60)
+            _taken[url] = r.returncode == 0
+    return _taken[url]
+
+
 class AlertChannelSettings(_Strict):
     """One place alerts go: an apprise URL (ntfy, Telegram, Pushover, mailto, Matrix, ...), or
     dongle-sms://+NUMBER[,+NUMBER] for SMS through the [dongle]."""
@@ -150,9 +174,7 @@ class AlertChannelSettings(_Strict):
             if not numbers or not all(re.fullmatch(r"\+?[0-9]{5,15}", n) for n in numbers):
                 raise ValueError(f"{SMS_SCHEME}: phone numbers as +4915112345678, comma-separated; got {v!r}")
             return v
-        import apprise  # only when alerts are configured: it is a large import
-
-        if apprise.Apprise.instantiate(v, suppress_exceptions=True) is None:
+        if not apprise_takes(v):
             scheme = v.split("://")[0] if "://" in v else v
             raise ValueError(f"apprise cannot use this URL (scheme {scheme!r}, or its parts); see apprise's docs")
         return v

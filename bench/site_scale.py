@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""A site of dozens of Slurm nodes on one machine: what one cut of a circuit costs as the site grows.
+
+Per site size (--sizes, nodes): Debian's slurmctld with that many slurmd, each in a network
+namespace of its own (holdover.lab.slurm, grown), on two circuits (rackA: the first half, watched by
+the emulated sentinel; rackB: the rest, by a second sentinel that stays quiet); a real Mosquitto; the
+controller's bridge beside slurmctld (`holdover bridge`, [slurm] with both circuits, grace 0) and a
+bridge on every node (`holdover bridge`, [failover] node = its name), each a process of its own, all
+on the one broker, all with the same alert channel (an ntfy-style receiver on loopback). Jobs: a
+single-node job on every node but the two on each side of the circuits' border, and a two-node job
+on each such pair, spanning both circuits; each task traps USR2 and writes the time it got it.
+
+Each cut (--cuts a size): the sentinel's mains cut, then timed from that moment: until slurmctld's
+nodes of rackA are drained (the controller's slurm_drained event) and until every task of every job
+with a step on rackA has its signal (the latest trap's time); power back: until they are resumed.
+Counted over each cut's window (cut to resumed, then 1 s): Slurm commands the controller's bridge
+ran (a logging shim before Slurm's own on its PATH), MQTT messages on the broker (a subscriber to
+#), alerts the receiver got. At the end, each bridge's resident memory and CPU over the cuts.
+
+Not here yet: jobs running the Guard (each rank's verified checkpoint and the requeue), and more
+than one sentinel cutting at once.
+
+    .venv/bin/python bench/site_scale.py [--sizes 2,8,16,32] [--cuts 5] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
+
+import paho.mqtt.client as mqtt
+import psutil
+import tomli_w
+from common import parse, wait
+
+from holdover.journal import Journal, NoJournalYet
+from holdover.lab.broker import free_port
+from holdover.lab.rig import Rig
+from holdover.lab.slurm import SUBNET, SlurmLab
+from holdover.lab.stats import percentile
+
+SLURM_COMMANDS = ("scancel", "scontrol", "squeue", "sinfo")
+TRAP = (
+    """srun bash -c 'trap "date +%s.%N > {dir}/sig-$SLURM_JOB_ID-$SLURMD_NODENAME" USR2; """
+    """while :; do sleep 0.05; done'"""
+)
+HOLDOVER = Path(sys.executable).with_name("holdover")
+
+
+class Receiver:
+    """Alerts as an ntfy server takes them (apprise's POST): counted."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.got: list[float] = []
+        self.said: list[str] = []
+        got, said = self.got, self.said
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                got.append(time.time())
+                said.append(str(body.get("title") or body.get("message"))[:80])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"id":"x"}')
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Counter:
+    """Every MQTT message on the broker, by when it arrived."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.at: list[float] = []
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="site-scale-counter")
+        self.c.on_connect = lambda c, *_a: c.subscribe("#", qos=0)
+        self.c.on_message = lambda *_a: self.at.append(time.time())
+        self.c.connect(host, port)
+        self.c.loop_start()
+
+    def between(self, t0: float, t1: float) -> int:
+        return sum(1 for t in list(self.at) if t0 <= t < t1)
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def shim(where: Path) -> Path:
+    """Slurm's commands, each logging its arguments before running Slurm's own."""
+    where.mkdir()
+    log = where / "calls.log"
+    for name in SLURM_COMMANDS:
+        real = shutil.which(name)
+        assert real, name
+        p = where / name
+        p.write_text(f'#!/bin/sh\necho "$(date +%s.%N) {name} $*" >> {log}\nexec {real} "$@"\n')
+        p.chmod(0o755)
+    return log
+
+
+def calls(log: Path, t0: float, t1: float) -> list[str]:
+    """The Slurm commands run between t0 and t1, each as "<epoch s> <command> <arguments>"."""
+    if not log.exists():
+        return []
+    return [line for line in log.read_text().splitlines() if t0 <= float(line.split(" ", 1)[0]) < t1]
+
+
+def events(journal: Path, kind: str) -> list[Any]:
+    try:
+        with Journal(journal, readonly=True) as j:
+            return list(reversed(j.events(kinds=[kind])))
+    except NoJournalYet:  # the bridge has not made it yet
+        return []
+
+
+def bridge(config: Path, cfg: dict[str, Any], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    config.write_text(tomli_w.dumps(cfg))
+    return subprocess.Popen(
+        [str(HOLDOVER), "bridge", "--config", str(config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),
+        start_new_session=True,
+    )
+
+
+def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
+    nodes = {f"n{i}": f"{SUBNET}.{10 + i}" for i in range(1, n + 1)}
+    half = n // 2
+    a_nodes = [f"n{i}" for i in range(1, half + 1)]
+    out: dict[str, Any] = {"nodes": n, "drained": [], "told": [], "resumed": [], "commands": [], "messages": [],
+                           "alerts": [], "twice": [], "heard": [], "first_call": [], "jobs_told": 0}  # fmt: skip
+    receiver = Receiver()
+    t_lab = time.monotonic()
+    with SlurmLab(nodes) as lab:
+        up_s = time.monotonic() - t_lab
+        sig = work / "sig"
+        sig.mkdir(parents=True)
+        log = shim(work / "shim")
+        alerts = {"channels": [{"name": "phone", "url": f"ntfy://127.0.0.1:{receiver.port}/site", "per_hour": 3600}],
+                  "dedup_s": 0}  # fmt: skip
+        rig = Rig(work / "rig")
+        quiet = {"id": "quiet", "key": secrets.token_hex(16)}
+        rig.bridge_extra = {
+            "sentinels": [{"id": rig.sid, "key": rig.key}, quiet],
+            "slurm": {
+                "circuits": [
+                    {"name": "rackA", "sentinel": rig.sid, "nodes": f"n[1-{half}]"},
+                    {"name": "rackB", "sentinel": "quiet", "nodes": f"n[{half + 1}-{n}]"},
+                ],
+                "grace": 0,
+                "resume_after_s": 0,
+                "then": "run",
+                "save_timeout_s": 3600,  # trap jobs never save: no follow ends within the bench
+                "conf": str(lab.conf),
+                "netns": lab.netns,
+            },
+            "alerts": alerts,
+            "web": {"enabled": False},
+        }
+        rig.start(bridge=False, emulator=False)
+        env = {**os.environ, "PATH": f"{log.parent}:{os.environ['PATH']}"}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        counter = None
+        try:
+            procs["controller"] = bridge(rig.dir / "holdover.toml", rig.bridge_config(), work / "ctl.err", env)
+            for name in nodes:
+                # Each node hears its own circuit's sentinel, as a site's nodes are set up.
+                mine = {"id": rig.sid, "key": rig.key} if name in a_nodes else quiet
+                cfg = {
+                    "mqtt": {"host": rig.broker.host, "port": rig.broker.port, "client_id": f"holdover-{name}"},
+                    "sentinels": [mine],
+                    "journal": {"path": str(work / f"journal-{name}.db")},
+                    "protect": {"registry": str(work / f"reg-{name}")},
+                    "failover": {"node": name},
+                    "alerts": alerts,
+                    "web": {"enabled": False},
+                }
+                procs[name] = bridge(work / f"{name}.toml", cfg, work / f"{name}.err", os.environ.copy())
+            # Every bridge subscribed before the sentinel boots: the first to receipt an event takes it
+            # off the board's outbox, and a bridge still starting would never hear it.
+            logs = [work / "ctl.err", *(work / f"{name}.err" for name in nodes)]
+            wait("every bridge connected", lambda: all("connected to broker" in f.read_text() for f in logs), 120)
+            rig.start_emulator()
+            journal = rig.dir / "journal.db"
+            wait("the sentinel's boot journaled", lambda: journal.exists() and events(journal, "boot"), 60)
+            # Jobs: a two-node job across the border (and one more each side of it), singles elsewhere.
+            pairs = [(half, half + 1)] + ([(half - 1, half + 2)] if n >= 4 else [])
+            paired = {i for p in pairs for i in p}
+            jobs: dict[str, list[str]] = {}
+            for p in pairs:
+                names = [f"n{i}" for i in p]
+                job = lab.run("sbatch", "--parsable", "-N2", "-w", ",".join(names), "--wrap", TRAP.format(dir=sig))
+                jobs[job.strip()] = names
+            for i in range(1, n + 1):
+                if i not in paired:
+                    job = lab.run("sbatch", "--parsable", "-N1", "-w", f"n{i}", "--wrap", TRAP.format(dir=sig))
+                    jobs[job.strip()] = [f"n{i}"]
+            wait(
+                "every job running",
+                lambda: lab.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").split().__len__() == len(jobs),
+                60,
+            )
+            assert all(p.poll() is None for p in procs.values()), "a bridge exited"
+            time.sleep(3.0)  # the node bridges' first states out; the jobs' traps set
+            counter = Counter(rig.broker.host, rig.broker.port)
+            on_a = {(j, node) for j, ns in jobs.items() if set(ns) & set(a_nodes) for node in ns}
+            out["jobs"], out["jobs_on_cut"] = len(jobs), len({j for j, _n in on_a})
+            cpu0 = {k: sum(psutil.Process(p.pid).cpu_times()[:2]) for k, p in procs.items()}
+            t_cuts = time.time()
+            for _ in range(cuts):
+                for f in sig.glob("sig-*"):
+                    f.unlink()
+                drained0, resumed0, alerts0 = (
+                    len(events(journal, "slurm_drained")),
+                    len(events(journal, "slurm_resumed")),
+                    len(receiver.got),
+                )
+                t0 = time.time()
+                rig.control.send(mains=False)
+
+                def told(t0: float = t0) -> float | None:
+                    times = {}
+                    for f in sig.glob("sig-*"):
+                        text = f.read_text().strip()
+                        if text:
+                            _, job, node = f.name.split("-", 2)
+                            times[(job, node)] = float(text)
+                    return max(times.values()) - t0 if set(times) >= on_a else None
+
+                out["told"].append(wait("every task on rackA told", told, 60))
+                wait("slurm_drained", lambda d=drained0: len(events(journal, "slurm_drained")) > d, 30)
+                drained = events(journal, "slurm_drained")[-1]
+                out["drained"].append(drained.rx_ts - t0)
+                out["heard"].append(events(journal, "mains_lost")[-1].rx_ts - t0)  # the debounce, then the wire
+                first = calls(log, t0, time.time())
+                out["first_call"].append(float(first[0].split()[0]) - t0 if first else float("nan"))
+                out["jobs_told"] = drained.data["jobs_told"]
+                t1 = time.time()
+                rig.control.send(mains=True)
+                wait("slurm_resumed", lambda r=resumed0: len(events(journal, "slurm_resumed")) > r, 30)
+                out["resumed"].append(events(journal, "slurm_resumed")[-1].rx_ts - t1)
+                wait("nothing drained", lambda: all("drain" not in s for s, _ in lab.states().values()), 30)
+                time.sleep(1.0)  # the last messages of the cut
+                quiet_since, seen = time.monotonic(), len(receiver.got)
+                while time.monotonic() - quiet_since < 2.0:  # alerts still leaving (apprise loads at the first)
+                    time.sleep(0.2)
+                    if len(receiver.got) != seen:
+                        quiet_since, seen = time.monotonic(), len(receiver.got)
+                t2 = time.time()
+                out["commands"].append(calls(log, t0, t2))
+                out["messages"].append(counter.between(t0, t2))
+                titles = receiver.said[alerts0:]
+                out["alerts"].append(len(titles))
+                out["twice"].append(len(titles) - len(set(titles)))  # one site: nothing said by two bridges
+                out.setdefault("first_titles", titles)
+                time.sleep(1.0)
+            span = time.time() - t_cuts
+            rss = {k: psutil.Process(p.pid).memory_info().rss for k, p in procs.items()}
+            cpu = {k: (sum(psutil.Process(p.pid).cpu_times()[:2]) - cpu0[k]) / span for k, p in procs.items()}
+            out["rss_ctl_mb"] = rss["controller"] / 1e6
+            out["rss_node_mb"] = max(v for k, v in rss.items() if k != "controller") / 1e6
+            out["cpu_ctl"] = cpu["controller"]
+            out["cpu_node"] = statistics.median(v for k, v in cpu.items() if k != "controller")
+            out["lab_up_s"] = up_s
+        except BaseException:
+            for name in ("ctl", *list(nodes)[:1]):  # what the bridges said, so a failure names its cause
+                err = work / f"{name}.err"
+                if err.exists():
+                    print(f"--- {name}'s bridge:\n" + err.read_text(errors="replace")[-1500:], file=sys.stderr)
+            raise
+        finally:
+            if counter:
+                counter.close()
+            for p in procs.values():
+                p.terminate()
+            for p in procs.values():
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            rig.close()
+            receiver.close()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="2,8,16,32", help="site sizes, nodes")
+    ap.add_argument("--cuts", type=int, default=5)
+    args = parse(ap, sizes="2", cuts=1)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="holdover-site-scale-", dir="/var/tmp") as tmp:
+        for n in sizes:
+            got = site(n, Path(tmp) / f"site{n}", args.cuts)
+            rows.append(got)
+            per_cut = [len(c) for c in got["commands"]]
+            kinds = sorted({" ".join(c.split()[1:3]) for cs in got["commands"] for c in cs})
+            print(
+                f"{n:3d} nodes, {got['jobs']} jobs ({got['jobs_on_cut']} with a step on the cut circuit), "
+                f"lab up in {got['lab_up_s']:.1f} s:\n"
+                f"    cut -> the controller's bridge journaled mains_lost p50 {percentile(got['heard'], 50):.2f} s "
+                f"(the sentinel's debounce is 0.30 s), "
+                f"its first Slurm command p50 {percentile(got['first_call'], 50):.2f} s\n"
+                f"    cut -> drained p50 {percentile(got['drained'], 50):.2f} s p95 {percentile(got['drained'], 95):.2f} s; "  # noqa: E501
+                f"-> every task told p50 {percentile(got['told'], 50):.2f} s p95 {percentile(got['told'], 95):.2f} s; "
+                f"power back -> resumed p50 {percentile(got['resumed'], 50):.2f} s\n"
+                f"    a cut: {statistics.median(per_cut):.0f} Slurm commands ({', '.join(kinds)}), "
+                f"{statistics.median(got['messages']):.0f} MQTT messages, "
+                f"{got['alerts'][0]} alert(s) at the first ({'; '.join(got['first_titles'])}), "
+                f"{sum(got['alerts'][1:])} over the {len(got['alerts']) - 1} after it (a storm is merged), "
+                f"{sum(got['twice'])} said twice\n"
+                f"    bridges: controller {got['rss_ctl_mb']:.0f} MB, {got['cpu_ctl'] * 100:.1f} % CPU; "
+                f"a node's at most {got['rss_node_mb']:.0f} MB, median {got['cpu_node'] * 100:.1f} % CPU",
+                flush=True,
+            )
+    small, large = rows[0], rows[-1]
+    grew = percentile(large["told"], 50) - percentile(small["told"], 50)
+    cmds = [statistics.median(len(c) for c in r["commands"]) for r in rows]
+    alerts = ", ".join(str(r["alerts"][0]) for r in rows)
+    twice = sum(sum(r["twice"]) for r in rows)
+    told = ", ".join(str(r["jobs_on_cut"]) for r in rows)
+    verdict = [
+        f"cut -> last task told grew {grew:+.2f} s from {small['nodes']} to {large['nodes']} nodes (goal < 1 s)",
+        f"Slurm commands a cut: {', '.join(f'{c:.0f}' for c in cmds)} for {told} jobs told (goal: flat)",
+        f"alerts at a site's first cut: {alerts}, said twice by two bridges: {twice} (goal: once for the site)",
+        f"a node's bridge at most {max(r['rss_node_mb'] for r in rows):.0f} MB resident (goal < 80 MB)",
+    ]
+    print("\nverdict: " + "; ".join(verdict))
+    print(json.dumps([{k: v for k, v in r.items() if k != "commands"} for r in rows]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
