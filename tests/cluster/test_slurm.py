@@ -472,3 +472,46 @@ def test_one_scancel_tells_every_job_and_a_job_gone_meanwhile_is_named(tmp_path:
         "scancel --signal=USR2 11 12 13",
         "squeue -h -j 11,12,13 -t RUNNING,SUSPENDED -o %i",
     ]
+
+
+def test_a_node_state_is_looked_at_only_by_the_jobs_it_names() -> None:
+    """The follow of a job counts the nodes whose state names it against squeue's node count; a state
+    naming other jobs (or none) wakes nothing and is never looked through (docs/scale.md)."""
+    import asyncio
+
+    from holdover.cluster.circuits import Circuits
+    from holdover.cluster.slurm import Job
+    from holdover.settings import Settings
+
+    cfg = Settings.model_validate(
+        {
+            "slurm": {"circuits": [{"name": "rack1", "sentinel": "demo", "nodes": "n[1-3]"}]},
+            "sentinels": [{"id": "demo", "key": KEY}],
+        }
+    )
+    c = Circuits(cfg, lambda kind, data: None)  # type: ignore[arg-type,return-value]
+    now = time.time()
+
+    def state(*runs: tuple[str, int]) -> dict:
+        return {
+            "ts": now,
+            "runs": {f"r{i}": {"job": j, "step": s, "checkpoint_age_s": 0.1} for i, (j, s) in enumerate(runs)},
+        }
+
+    job = Job("7", "train", "gpu", "n[1-2]", "root", count=2)
+    c.node_state("n1", state(("7", 10)))
+    c.node_state("n3", state(("8", 3)))  # another job's node: not looked at for job 7
+    assert c._saved(job, None, now - 1) == (None, ["1 of 2 node(s)"])
+
+    async def follow_wakes() -> list[bool]:
+        woken = asyncio.Event()
+        c._waiting["7"] = {woken}
+        c.node_state("n3", state(("8", 4)))
+        quiet = not woken.is_set()
+        c.node_state("n2", state(("7", 10)))
+        return [quiet, woken.is_set()]
+
+    assert asyncio.run(follow_wakes()) == [True, True]
+    assert c._saved(job, None, now - 1) == (10, [])
+    c.node_state("n2", state())  # n2's run ended: it no longer names job 7
+    assert c._jobs_on["7"] == {"n1"} and c._saved(job, None, now - 1)[0] is None

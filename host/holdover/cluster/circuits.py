@@ -40,6 +40,14 @@ def _out_of_service(state: str, reason: str) -> bool:
     return any(w in state for w in ("drain", "down", "fail", "maint", "reboot"))
 
 
+def _jobs_named(state: dict[str, Any] | None) -> set[str]:
+    """The Slurm jobs a node's state names a run of."""
+    runs = (state or {}).get("runs") or {}
+    if not isinstance(runs, dict):
+        return set()
+    return {str(r["job"]) for r in runs.values() if isinstance(r, dict) and r.get("job")}
+
+
 class Circuits:
     """A Reaction: Slurm's nodes follow their circuit's power."""
 
@@ -62,7 +70,11 @@ class Circuits:
         self._out: dict[str, str] = {}  # circuit -> why it is out (the reason's words), while it is
         self._in_grace: set[str] = set()  # circuits whose cut has not yet drained anything
         self.node_states: dict[str, dict[str, Any]] = {}  # node -> its bridge's last retained state
-        self._heard = asyncio.Event()  # a node state came in: the jobs waiting to be saved look again
+        # A node state wakes only the follows of the jobs it names, and each looks only at the nodes
+        # naming its job: at every state, every follow looking through every node was about
+        # jobs x nodes x messages a cut, 10^9 at 1,024 nodes (docs/scale.md).
+        self._jobs_on: dict[str, set[str]] = {}  # job id -> the nodes whose last state names a run of it
+        self._waiting: dict[str, set[asyncio.Event]] = {}  # job id -> its follows' wake-ups
         self._follows: set[asyncio.Task[None]] = set()
         self._said: dict[str, str] = {}  # circuit -> the Slurm failure last told (told once, not each retry)
         self.journal = journal
@@ -149,8 +161,16 @@ class Circuits:
 
     def node_state(self, node: str, body: dict[str, Any]) -> None:
         """A node's bridge said what its runs are doing (holdover/node/NODE/state)."""
+        before = _jobs_named(self.node_states.get(node))
         self.node_states[node] = body
-        self._heard.set()
+        now = _jobs_named(body)
+        for job in before - now:
+            self._jobs_on.get(job, set()).discard(node)
+        for job in now:
+            self._jobs_on.setdefault(job, set()).add(node)
+        for job in before | now:
+            for woken in self._waiting.get(job, ()):
+                woken.set()
 
     async def close(self) -> None:
         await events.cancel(*self._follows, *self._pending.values())  # a cancelled one takes itself out
@@ -286,9 +306,8 @@ class Circuits:
         (None, what is missing). `nodes`: the job's, expanded; None: any job.count nodes that report it
         (no Slurm call a job while a cut is followed; the missing are named only if it ends unsaved)."""
         made_by: dict[str, int] = {}
-        for n, state in self.node_states.items():
-            if nodes is not None and n not in nodes:
-                continue
+        for n in nodes if nodes is not None else sorted(self._jobs_on.get(job.id, ())):
+            state = self.node_states.get(n) or {}
             runs = [r for r in (state.get("runs") or {}).values() if isinstance(r, dict) and r.get("job") == job.id]
             made = [
                 r["step"]
@@ -317,11 +336,18 @@ class Circuits:
                 return
         # From the signal, not from now: a bridge restarted since gives the job only what is left.
         deadline = time.monotonic() + self.s.save_timeout_s - max(0.0, time.time() - since)
-        step, missing = self._saved(job, nodes, since)
-        while step is None and time.monotonic() < deadline:
-            self._heard.clear()
-            await events.woken(self._heard, deadline - time.monotonic())
+        heard = asyncio.Event()
+        self._waiting.setdefault(job.id, set()).add(heard)
+        try:
             step, missing = self._saved(job, nodes, since)
+            while step is None and time.monotonic() < deadline:
+                heard.clear()
+                await events.woken(heard, deadline - time.monotonic())
+                step, missing = self._saved(job, nodes, since)
+        finally:
+            self._waiting[job.id].discard(heard)
+            if not self._waiting[job.id]:
+                del self._waiting[job.id]
         if step is None and nodes is None:  # name the nodes that never said, now that it matters
             ok, found = await self._call(c, expand, self.slurm.hostnames, job.nodes)
             if ok:
