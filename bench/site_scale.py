@@ -34,9 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +46,7 @@ import tomli_w
 from common import parse, wait
 
 from holdover.journal import Journal, NoJournalYet
-from holdover.lab.broker import free_port
+from holdover.lab.ntfy import Ntfy
 from holdover.lab.rig import Rig
 from holdover.lab.slurm import SUBNET, SlurmLab
 from holdover.lab.stats import percentile
@@ -59,36 +57,6 @@ TRAP = (
     """while :; do sleep 0.05; done'"""
 )
 HOLDOVER = Path(sys.executable).with_name("holdover")
-
-
-class Receiver:
-    """Alerts as an ntfy server takes them (apprise's POST): counted."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.got: list[float] = []
-        self.said: list[str] = []
-        got, said = self.got, self.said
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                got.append(time.time())
-                said.append(str(body.get("title") or body.get("message"))[:80])
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"id":"x"}')
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class Counter:
@@ -155,14 +123,14 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
     a_nodes = [f"n{i}" for i in range(1, half + 1)]
     out: dict[str, Any] = {"nodes": n, "drained": [], "told": [], "resumed": [], "commands": [], "messages": [],
                            "alerts": [], "twice": [], "heard": [], "first_call": [], "jobs_told": 0}  # fmt: skip
-    receiver = Receiver()
+    receiver = Ntfy().start()
     t_lab = time.monotonic()
     with SlurmLab(nodes) as lab:
         up_s = time.monotonic() - t_lab
         sig = work / "sig"
         sig.mkdir(parents=True)
         log = shim(work / "shim")
-        alerts = {"channels": [{"name": "phone", "url": f"ntfy://127.0.0.1:{receiver.port}/site", "per_hour": 3600}],
+        alerts = {"channels": [{"name": "phone", "url": receiver.url("site"), "per_hour": 3600}],
                   "dedup_s": 0}  # fmt: skip
         rig = Rig(work / "rig")
         quiet = {"id": "quiet", "key": secrets.token_hex(16)}
@@ -275,7 +243,7 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 t2 = time.time()
                 out["commands"].append(calls(log, t0, t2))
                 out["messages"].append(counter.between(t0, t2))
-                titles = receiver.said[alerts0:]
+                titles = [str(m.get("title") or m.get("message"))[:80] for m in receiver.got[alerts0:]]
                 out["alerts"].append(len(titles))
                 out["twice"].append(len(titles) - len(set(titles)))  # one site: nothing said by two bridges
                 out.setdefault("first_titles", titles)
@@ -306,7 +274,7 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                     p.kill()
                     p.wait()
             rig.close()
-            receiver.close()
+            receiver.stop()
     return out
 
 

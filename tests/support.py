@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from holdover.board.emulator import DEFAULT_HEAP, firmware_dir, micropython_binary
-from holdover.lab.broker import free_port
+from holdover.lab.ntfy import Ntfy  # noqa: F401 - the tests' alert receiver, shared with bench/
 from holdover.lab.rig import Rig
 from holdover.train import registry
 
@@ -311,46 +310,6 @@ def wait_for(pred, timeout: float, what: str):
             return got
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-class Ntfy:
-    """What an ntfy server does with apprise's POST: take the JSON, answer 200. Records each."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.got: list[dict[str, Any]] = []
-        self.server: ThreadingHTTPServer | None = None
-
-    def start(self) -> Ntfy:
-        got = self.got
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                got.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"id":"x"}')
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def url(self, topic: str) -> str:
-        return f"ntfy://127.0.0.1:{self.port}/{topic}"
-
-    def on(self, topic: str) -> list[dict[str, Any]]:
-        return [m for m in self.got if m["topic"] == topic]
 
 
 @contextlib.contextmanager
