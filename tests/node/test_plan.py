@@ -78,6 +78,10 @@ def test_the_ups_lasts_longer_as_each_saved_run_stops_drawing_and_the_plan_says_
     assert p.as_dict()["shed_gain_s"] == 1800
     p.shed = False
     assert p.sentence().endswith("would buy about 30 min 0 s (1000 W to 200 W); shedding is off")
+    # The grace is spent before any save starts: the saves end, and the runs stop, 100 s later.
+    graced = plan.plan(runs, 600, "UPS hostups: 600 s", guess=False, margin_s=0, grace_s=100, ceiling=1.0e9)
+    graced.load_w, graced.rank_w = 1000, 400
+    assert graced.shed_runtime_s == plan.shed_runtime(600, 1000, [(200, 400), (300, 400)]) == 2000
     p.rank_w = 600  # the runs would draw more than the UPS gives: the figures disagree, no claim
     assert p.shed_gain_s is None and "W to" not in p.sentence()
 

@@ -221,7 +221,7 @@ def plan(
     ceiling: float | None = None,  # the disk's bytes a second; None: not the limit
 ) -> Plan:
     budget = max(runtime_s - margin_s - grace_s, 0.0)
-    p = Plan(budget, runtime_s, runtime_said, guess)
+    p = Plan(budget, runtime_s, runtime_said, guess, grace_s=grace_s)
     lanes: dict[int | None, list[RunCost]] = {}
     for r in runs:
         if r.save_s is None:

@@ -191,14 +191,13 @@ class Rescuer:
         if not rt.read:
             return
         deadline = time.time() + rt.seconds - self.s.margin
-        if deadline < self._deadline.get(rid, deadline) - 1.0:
-            log.warning("deadline pulled in by %.0f s: %s", self._deadline[rid] - deadline, rt.said)
-            self._deadline[rid] = deadline
-            self.ledger.update(rid, deadline=deadline)
-        elif self.shed.stopped and not rt.guess and deadline > self._deadline.get(rid, deadline) + self._noise(rid):
-            # Only a read runtime moves it out, and only once runs are stopped: the time shedding
-            # bought, as the UPS itself reports it (never the plan's model of it).
-            log.warning("deadline pushed out by %.0f s: %s", deadline - self._deadline[rid], rt.said)
+        was = self._deadline.get(rid, deadline)
+        # Out only on a read runtime, and only once runs are stopped: the time shedding bought, as
+        # the UPS itself reports it (never the plan's model of it).
+        out = self.shed.stopped and not rt.guess and deadline > was + self._noise(rid)
+        if deadline < was - 1.0 or out:
+            how = "pulled in" if deadline < was else "pushed out"
+            log.warning("deadline %s by %.0f s: %s", how, abs(deadline - was), rt.said)
             self._deadline[rid] = deadline
             self.ledger.update(rid, deadline=deadline)
 

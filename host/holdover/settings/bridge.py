@@ -134,8 +134,9 @@ SMS_SCHEME = "dongle-sms://"  # an alert channel sent as SMS by the [dongle], no
 
 _APPRISE_CHECK = (
     "import sys, apprise; "
-    "sys.exit(0 if apprise.Apprise.instantiate(sys.argv[1], suppress_exceptions=True) is not None else 1)"
+    "sys.exit(0 if apprise.Apprise.instantiate(sys.argv[1], suppress_exceptions=True) is not None else 3)"
 )
+_TAKEN, _REFUSED = 0, 3  # the child's answers; anything else (it could not run) is asked here instead
 _taken: dict[str, bool] = {}
 
 
@@ -143,14 +144,19 @@ def apprise_takes(url: str) -> bool:
     """Whether apprise can use the URL. Asked in a child process unless apprise is loaded here
     already: its plugins, once imported, stay 28 MB resident, and a bridge that never alerts (most
     of a site's node bridges: one alerts for the site) need not carry them (bench/site_scale.py)."""
-    if url not in _taken:
-        if "apprise" in sys.modules:
-            import apprise
-
-            _taken[url] = apprise.Apprise.instantiate(url, suppress_exceptions=True) is not None
-        else:
+    if url in _taken:
+        return _taken[url]
+    if "apprise" not in sys.modules:
+        try:
             r = subprocess.run([sys.executable, "-c", _APPRISE_CHECK, url], capture_output=True, timeout=60)
-            _taken[url] = r.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            r = None
+        if r is not None and r.returncode in (_TAKEN, _REFUSED):
+            _taken[url] = r.returncode == _TAKEN
+            return _taken[url]
+    import apprise  # loaded already, or the child could not say
+
+    _taken[url] = apprise.Apprise.instantiate(url, suppress_exceptions=True) is not None
     return _taken[url]
 
 
