@@ -285,7 +285,7 @@ class Toy:
             out = []
             for line in f:
                 out.append(json.loads(line))
-                if msg["op"] == "status" or out[-1].get("state") in ("done", "failed", "unknown"):
+                if msg["op"] in ("status", "bound") or out[-1].get("state") in ("done", "failed", "unknown"):
                     break
             return out
 

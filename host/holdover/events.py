@@ -70,6 +70,7 @@ SLURM_JOB_SAVED = "slurm_job_saved"
 SLURM_JOB_UNSAVED = "slurm_job_unsaved"
 PEER_LOST = "peer_lost"  # cluster/peers.py: another node of this node's jobs went silent
 PEER_BACK = "peer_back"
+SAVE_CADENCE = "save_cadence"  # node/cadence.py: a run the plan cannot save told how often to save, or no longer
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ _KINDS = (
     Kind(CHECKPOINT_LATE, CRITICAL, "no checkpoint of {target} before the deadline", HOST),
     Kind(CHECKPOINT_HUNG, CRITICAL, "checkpoint of {target} stopped making progress", HOST),
     Kind(CHECKPOINT_SKIPPED, CRITICAL, "{target} not saved: its save could not finish before the deadline", HOST),
+    Kind(SAVE_CADENCE, INFO, "{said}", HOST, alert=False),
     Kind(RESCUED, CRITICAL, "{target}: no verified checkpoint; a core dump or /dev/shm copy was saved", HOST),
     Kind(LOST, CRITICAL, "{target}: nothing could be saved", HOST),
     Kind(

@@ -13,6 +13,8 @@ import pytest
 
 from holdover.lab import nut
 from holdover.node import plan
+from holdover.node.doctor import Doctor
+from holdover.settings import load
 from holdover.train import registry
 from holdover.train.registry import LastSave, Registration
 from support import HOLDOVER
@@ -190,6 +192,15 @@ def test_status_and_the_doctor_say_the_plan_against_the_ups_as_read(tmp_path: Pa
             status = subprocess.run([HOLDOVER, "status", *cfg], capture_output=True, text=True, timeout=60)
             doctor = subprocess.run([HOLDOVER, "doctor", "--json", *cfg], capture_output=True, text=True, timeout=120)
             as_json = subprocess.run([HOLDOVER, "status", "--json", *cfg], capture_output=True, text=True, timeout=60)
+            # With [protect] max_loss_min, once vit holds the bound its Guard answered the bridge with.
+            vit = registry.Registration.from_json(registry.registration_path(reg, "vit").read_text())
+            vit.bound = {"max_loss_s": 900.0, "every_s": 629.5, "save_s": 270.0, "step_s": 0.5, "meets": True}
+            registry.write_registration(reg, vit)
+            bounded = load(tmp_path / "holdover.toml")
+            bounded.protect.max_loss_min = 15
+            doc = Doctor(bounded)
+            doc.ups()  # the UPS as read, which the plan then takes (as `holdover doctor` runs them)
+            after = {c.name: c for c in doc.rescue_plan()}
     finally:
         for p in alive:
             p.kill()
@@ -214,4 +225,16 @@ def test_status_and_the_doctor_say_the_plan_against_the_ups_as_read(tmp_path: Pa
     assert sorted(alone) == ["pass", "pass", "warn"], checks  # vit: 270 s of 418, little slack
     together = checks["a cut now saves every protected run"]
     assert together["status"] == "fail" and re.fullmatch(sentence, together["detail"]), together
-    assert together["fix"].startswith("save the runs that do not fit periodically"), together
+    assert together["fix"].startswith("set [protect] max_loss_min"), together
+    unbounded = checks["a cut loses little of the runs it cannot save"]
+    assert unbounded["status"] == "warn" and unbounded["fix"].startswith("set [protect] max_loss_min"), unbounded
+    assert re.fullmatch(
+        r"vit: a cut loses all since the newest checkpoint \(vit 12 min \d+ s now\)", unbounded["detail"]
+    )
+    # Bounded: the plan still cannot save vit, which is now a warning; what a cut takes of it, a pass.
+    assert after["a cut now saves every protected run"].status == "warn"
+    held = after["a cut loses little of the runs it cannot save"]
+    assert held.status == "pass" and held.detail == (
+        "vit does not fit beside the others, so it saves at least every 10 min 29 s: a cut loses at most "
+        "15 min 0 s of it ([protect] max_loss_min)"
+    ), held

@@ -33,6 +33,7 @@ from holdover.events import Reaction
 from holdover.firmware import protocol
 from holdover.journal import Event, Journal
 from holdover.node.bonding import BondWatch
+from holdover.node.cadence import Cadence
 from holdover.node.datacap import DataCap
 from holdover.node.diagnose import Diagnosis
 from holdover.node.dongle import Dongle, dial
@@ -97,6 +98,8 @@ class Bridge:
         )
         # Every accepted event goes to each of these, in order; a new capability appends itself.
         self.reactions: list[Reaction] = [self.hooks, self.rescuer, self.alerts]
+        if self.settings.protect.enabled and self.settings.protect.max_loss_min:
+            self.reactions.append(Cadence(self.settings.protect, runtime, self.node_event))
         if self.ups is not None:
             self.reactions.append(self.ups)
         if self.settings.nut_server.serve:

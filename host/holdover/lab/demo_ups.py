@@ -10,6 +10,7 @@ final command only write a line here.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import logging
 import shutil
@@ -154,6 +155,10 @@ def run_ups_demo(hold_s: float = 0.0) -> int:
                 "the host's UPS is low: holdover's final command ran (here it writes a line; a site's shuts down)",
             )
             until("FSD at upsmon", lambda: mon.shutdown.exists(), 20)
+            # upsmon runs its NOTIFYCMD for FSD in a child of its own, which may write its line after
+            # the SHUTDOWNCMD has run: a slow machine showed the shutdown with no FSD heard yet.
+            with contextlib.suppress(TimeoutError):
+                until("FSD heard by upsmon", lambda: "FSD" in [k for _t, k in mon.said()], 5)
             said = [k for _t, k in mon.said()]
             tl.say(
                 "upsmon",

@@ -19,10 +19,12 @@ from typing import Any
 import psutil
 
 from holdover import proc
+from holdover.events import duration
 from holdover.journal import Journal
 from holdover.mqtt_session import SessionError, session
-from holdover.node import plan
+from holdover.node import cadence, plan
 from holdover.node import targets as targets_mod
+from holdover.node.cadence import Cadence
 from holdover.node.checks import FAIL, PASS, SKIP, WARN, Check
 from holdover.node.ups import Runtime, UpsReading, read_once, runtime_from
 from holdover.settings import Settings
@@ -156,12 +158,46 @@ class Doctor:
         if not p.cannot:
             return [Check(name, PASS, p.sentence())]
         fix = (
-            "save the runs that do not fit periodically (the Guard's interval), so a cut loses little of them; "
+            "set [protect] max_loss_min so that a cut loses little of the runs that do not fit; "
             "or a bigger UPS, a faster checkpoint disk, or checkpoints on another disk"
         )
-        # Only a run measured and shown not to fit fails; one never saved yet, or a guessed runtime, warns.
-        measured_out = any(r.save_s is not None for r, _why in p.cannot)
-        return [Check(name, FAIL if measured_out and not p.guess else WARN, p.sentence(), fix)]
+        # Only a run measured and shown not to fit fails, unless its loss is bounded; one never saved
+        # yet, or a guessed runtime, warns.
+        measured_out = any(r.save_s is not None for r, _why in p.cannot) and not self.cfg.protect.max_loss_min
+        return [Check(name, FAIL if measured_out and not p.guess else WARN, p.sentence(), fix), *self.loss_bound(p)]
+
+    def loss_bound(self, p: plan.Plan) -> list[Check]:
+        """What a cut takes of each run the plan cannot save: at most [protect] max_loss_min where the
+        run holds that bound (node/cadence.py sets it), else all since its newest checkpoint."""
+        out = cadence.left_out(p)
+        if not out:
+            return []
+        name = "a cut loses little of the runs it cannot save"
+        bound_s = self.cfg.protect.max_loss_min * 60
+        if not bound_s:
+            ages = ", ".join(f"{r.name} {duration(r.age_s)}" for r, _ in p.cannot if r.name in out and r.age_s)
+            detail = f"{', '.join(out)}: a cut loses all since the newest checkpoint" + (
+                f" ({ages} now)" if ages else ""
+            )
+            fix = "set [protect] max_loss_min (e.g. 30): each such run then saves that often, behind its loop"
+            return [Check(name, WARN, detail, fix)]
+        said, status = [], PASS
+        for run, why in out.items():
+            held = [t.reg.bound for t in self.targets() if t.reg is not None and t.reg.name == run]
+            if not held or any(b is None or b.get("max_loss_s") != bound_s for b in held):
+                said.append(f"{run} does not hold the bound yet (the bridge tells it within {Cadence.EVERY_S:.0f} s)")
+                status = FAIL if status == FAIL else WARN
+                continue
+            slowest = max(held, key=lambda b: b.get("save_s") or 0.0)  # type: ignore[union-attr]
+            said.append(cadence.sentence(run, slowest, why))  # type: ignore[arg-type]
+            if not slowest.get("meets"):  # type: ignore[union-attr]
+                status = FAIL
+        fix = {
+            PASS: "",
+            WARN: "is `holdover bridge` running? (a Guard from an older holdover cannot hold one: upgrade the run)",
+            FAIL: "a larger max_loss_min, a faster checkpoint disk, or a bigger UPS",
+        }[status]
+        return [Check(name, status, "; ".join(said), fix)]
 
     def ups(self) -> Check:
         """What sets an emergency's deadline: the host's UPS, read now as the bridge reads it."""

@@ -155,9 +155,13 @@ class Plan:
         }
 
 
-def for_node(protect: ProtectSettings, rt: Runtime, now: float | None = None) -> Plan:
-    """The plan for the runs protected on this node now, against the runtime the rescue would take."""
-    regs, _problems = registry.read_registrations(registry_dir(protect))
+def for_node(
+    protect: ProtectSettings, rt: Runtime, now: float | None = None, regs: list[Registration] | None = None
+) -> Plan:
+    """The plan for the runs protected on this node now (or these live registrations), against the
+    runtime the rescue would take."""
+    if regs is None:
+        regs, _problems = registry.read_registrations(registry_dir(protect))
     live = [r for r in regs if registry.pid_alive(r.pid)]
     ceiling = protect.disk_mb_s * 1e6 or None
     p = plan(costs(live, now), rt.seconds, rt.said, rt.guess, protect.margin, protect.grace, ceiling)

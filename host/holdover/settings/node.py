@@ -39,6 +39,12 @@ class ProtectSettings(_Strict):
         description="what one rank of a run draws while it trains (W: its GPU's and a share of the box's; nvidia-smi"
         " shows the GPU's): what stopping it gives back to the UPS, in the plan (0: not modelled)",
     )
+    max_loss_min: float = Field(
+        0.0,
+        ge=0,
+        description="the most of a run a cut may lose (minutes) when the rescue plan cannot save it in the UPS's"
+        " runtime: such a run then saves that often by the clock, behind its loop (node/cadence.py); 0: off",
+    )
     disk_mb_s: float = Field(
         0.0,
         ge=0,

@@ -39,7 +39,6 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ from holdover.train.ranks import EMERGENCY, EXIT, PERIODIC, JobRecords, agree
 from holdover.train.requests import Requests
 from holdover.train.resume import Resumer
 from holdover.train.say import Log, stderr
-from holdover.train.schedule import AdaptiveInterval, GradNormHistogram
+from holdover.train.schedule import AdaptiveInterval, GradNormHistogram, LossBound
 from holdover.train.writer import Capture, Writer
 
 __all__ = ["SNAPSHOT_HEADROOM", "Guard", "protect"]
@@ -101,7 +100,8 @@ class Guard:
         self.warnings: list[str] = []
         self.last_loss: float | None = None
         self._stop = False
-        self.book = Requests(lambda: self.reg.to_json())
+        self.bound = LossBound()  # the most a cut may take, when the bridge's plan cannot save this run in time
+        self.book = Requests(lambda: self.reg.to_json(), self.bound, self._published)
         self._last_step_end: float | None = None
         self._hooks: list[Any] = []
         self._server: registry.RunServer | None = None
@@ -122,11 +122,10 @@ class Guard:
             boundary_wait_s,
             log,
         )
-        # With a bridge on every node, one cut reaches the ranks as several requests some ms
-        # apart: the first that reaches this rank this soon after an emergency save the ranks
-        # agreed on for another rank's request is the same cut, answered by that save (one save
-        # per cut). Only the first: a bridge asks each rank once a cut, so a second request is
-        # the next cut (the bench's cuts come 1.5 s apart), however soon it comes.
+        # With a bridge on every node, one cut reaches the ranks as several requests some ms apart:
+        # the first that reaches this rank this soon after a save the ranks agreed on for another
+        # rank's request is the same cut (one save per cut). Only the first: a bridge asks each
+        # rank once a cut, so a second is the next cut (the bench's come 1.5 s apart).
         self.join_window_s = join_window_s
         self._agreed: tuple[int, float] | None = None  # (step, wall time) of such a save
         self.background = background  # periodic saves written behind the loop (background.py)
@@ -153,7 +152,8 @@ class Guard:
             self._meta,
             self.writer.direct,
             self._landed,
-            self._copied_later,
+            # The watchdog runs exactly when the pre-hook on optimizer.step() is in, which the overlap needs.
+            lambda: copied_later(self.optimizer) if self.overlap and self.boundary.thread and not capture else None,
             self.interval,
             self.warnings.append,
             log,
@@ -208,8 +208,7 @@ class Guard:
             self._uncounted = None
         self.saver.close()
         self.boundary.stop()
-        with self.book.cv:
-            self.book.cv.notify_all()
+        self.book.wake()
         # Let the bridge hear how its requests ended before the process goes (after="exit").
         end = time.monotonic() + 2.0
         # The run stopped with its peers right after the save they answer.
@@ -235,8 +234,11 @@ class Guard:
     def _publish(self) -> None:
         registry.write_registration(self.registry, self.reg)
 
-    def _published(self, last: registry.LastSave) -> None:
-        self.reg.last_save = last
+    def _published(self, last: registry.LastSave | None = None) -> None:
+        """A save landed (the writer), or the bridge set a loss bound (the socket): the registration says it."""
+        if last is not None:
+            self.reg.last_save, self.bound.save_s = last, last.seconds
+        self.reg.bound = self.bound.as_dict() if self.bound.max_loss_s is not None else None
         self._publish()
 
     # --- requests -----------------------------------------------------------------------------------
@@ -270,6 +272,7 @@ class Guard:
             self.boundary.mark(step, extra)
         if self._last_step_end is not None:
             self.boundary.step_times.append(now - self._last_step_end)
+            self.bound.observe_step_time(now - self._last_step_end)
             if self.interval:
                 self.interval.observe_step_time(now - self._last_step_end)
         if loss is not None:
@@ -280,7 +283,7 @@ class Guard:
         self.resumer.steps_since += 1
         pending = self._join(self.book.pending())
         emergency = bool(pending) or self.book.signalled
-        periodic = bool(self.interval and self.interval.due(step))
+        periodic = bool(self.interval and self.interval.due(step)) or self.bound.due(now)
         leave = self.book.asks_exit(pending)
         vote = EXIT if emergency and leave else EMERGENCY if emergency else PERIODIC if periodic else 0
         decision = agree(vote, self.world)
@@ -325,6 +328,7 @@ class Guard:
     # --- a save ---------------------------------------------------------------------------------------
 
     def _take(self, step: int, extra: dict[str, Any] | None, rids: list[str], kind: str, rng: Any = None) -> None:
+        self.bound.taken = time.monotonic()
         if kind == "periodic" and self.background:
             stall = self.saver.save(step, extra)
             if stall is not None:
@@ -437,11 +441,6 @@ class Guard:
         if not (self._last and self._last[0] > step):
             self._last = (step, directory, manifest)
         self.writer.saved(step, directory, manifest, seconds, "periodic", False, True)
-
-    def _copied_later(self) -> Callable[[ckpt.Tensor], bool] | None:
-        # The watchdog runs exactly when the pre-hook on optimizer.step() is in, which the overlap needs.
-        hooked = self.boundary.thread is not None
-        return copied_later(self.optimizer) if self.overlap and hooked and self.capture is None else None
 
     @property
     def writing(self) -> bool:

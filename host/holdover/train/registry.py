@@ -9,6 +9,9 @@ socket named in it. The socket speaks JSON lines:
     -> {"op": "watch", "id": "<request id>"}   the same stream for a request made earlier; asking to
                                                save with a known id also only watches, never saves twice
     -> {"op": "status"}                        <- {"registration": {...}, "requests": {id: state}}
+    -> {"op": "bound", "max_loss_s": 900.0}    <- {"max_loss_s", "every_s", "save_s", "step_s", "meets"}:
+                                               save by the clock so that a cut loses at most that (null
+                                               lifts it; node/cadence.py sets it, train/schedule.py LossBound)
 
 Both ends live here: ``RunServer`` for the training side (``guard`` answers what it parses),
 ``SaveChannel`` for the bridge's client (used by ``node.rescue``).
@@ -77,6 +80,7 @@ class Registration:
     last_save: LastSave | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     job: str | None = None  # the Slurm job it runs in (SLURM_JOB_ID), for the cluster's bridge
+    bound: dict[str, Any] | None = None  # the loss bound it holds (LossBound.as_dict), when the bridge set one
 
     @classmethod
     def of_this_process(cls, name: str, ckpt_dir: Path, signal: int, rank: int, world: int) -> Registration:
@@ -115,12 +119,16 @@ def registration_path(registry: Path, name: str, rank: int = 0) -> Path:
     return registry / (f"{name}.json" if rank == 0 else f"{name}.rank{rank}.json")
 
 
+_writing = threading.Lock()  # the loop, the watchdog and the socket's threads publish; one temporary file a process
+
+
 def write_registration(registry: Path, reg: Registration) -> Path:
     registry.mkdir(parents=True, exist_ok=True)
     path = registration_path(registry, reg.name, reg.rank)
     # The bridge never reads a half-written file. Not fsync'd: it is rewritten after every save, in
     # the training process, and lives in the runtime directory that a reboot empties anyway.
-    return write_atomic(path, reg.to_json(), durable=False)
+    with _writing:
+        return write_atomic(path, reg.to_json(), durable=False)
 
 
 def read_registrations(registry: Path) -> tuple[list[Registration], list[str]]:

@@ -1,11 +1,14 @@
 """The book of save requests a run was asked: from the bridge (the socket), a signal, or the
 script itself. Each request is queued until a save answers it, and streams its state to whoever
 asked (queued, saving with bytes done, then done or failed); the bridge's `status` reads it whole.
-One condition guards the book: the socket's threads, the watchdog and the loop all touch it."""
+One condition guards the book: the socket's threads, the watchdog and the loop all touch it.
+The standing request, a bound on what a cut may lose (`bound`), is set here too and kept by the
+loop (schedule.LossBound)."""
 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
@@ -14,11 +17,19 @@ from collections.abc import Callable
 from typing import Any
 
 from holdover.train import registry
+from holdover.train.schedule import LossBound
 
 
 class Requests:
-    def __init__(self, registration: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        registration: Callable[[], str],
+        bound: LossBound | None = None,
+        bounded: Callable[[], None] = lambda: None,
+    ) -> None:
         self.registration = registration  # the run's registration as JSON, for `status`
+        self.bound = bound or LossBound()
+        self.bounded = bounded  # the bound changed: the run publishes it in its registration
         self.cv = threading.Condition()
         self.items: dict[str, dict[str, Any]] = {}  # id -> the request as it stands
         self.queue: list[str] = []  # ids not yet answered by a save, oldest first
@@ -86,6 +97,11 @@ class Requests:
                 self.items[rid].update(fields)
             self.cv.notify_all()
 
+    def wake(self) -> None:
+        """Whoever waits on the book looks again (the run is closing)."""
+        with self.cv:
+            self.cv.notify_all()
+
     def unanswered(self) -> list[str]:
         with self.cv:
             return [r["id"] for r in self.items.values() if r["state"] not in registry.STATES_FINAL]
@@ -103,6 +119,14 @@ class Requests:
                 conn.sendall(registry.encode({"id": rid, "state": "unknown"}))
                 return
             self._stream(conn, rid)
+        elif op == "bound":
+            v = msg.get("max_loss_s")
+            if v is not None and (type(v) not in (int, float) or not math.isfinite(v) or v <= 0):
+                conn.sendall(registry.encode({"error": f"bound: max_loss_s must be seconds above 0, or null: {v!r}"}))
+                return
+            self.bound.max_loss_s = None if v is None else float(v)
+            self.bounded()
+            conn.sendall(registry.encode(self.bound.as_dict()))
         else:
             conn.sendall(registry.encode({"error": f"unknown op {op!r}"}))
 

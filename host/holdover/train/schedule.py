@@ -2,13 +2,15 @@
 
 AdaptiveInterval saves more often while the loss moves and less often while it is flat, inside
 CheckFreq's bound: the time spent checkpointing never exceeds a configured share of training
-time, whatever the loss does. GradNormHistogram keeps the recent
+time, whatever the loss does. LossBound saves by the clock, as often as keeping a cut's loss under
+a bound takes, for a run whose emergency save cannot fit the UPS. GradNormHistogram keeps the recent
 gradient norms so the first steps after a resume can be compared with the run before the outage.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +97,51 @@ class AdaptiveInterval:
         if not self._step_time:
             return 0.0
         return self._save_cost / (self._save_cost + self.interval * self._step_time)
+
+
+@dataclass
+class LossBound:
+    """The most of a run a cut may take, set by the bridge when its rescue plan cannot save the run
+    in the UPS's runtime (node/cadence.py); None: no bound, the run's own interval decides.
+
+    A cut loses the time since the state of the newest checkpoint on disk. With saves started
+    `every` apart at step boundaries, that is largest just before one lands: every, plus up to a
+    step, plus the save. So a save is due (bound - save - step) after the state the last one took,
+    and never sooner than the last one took to write (the next would only wait for it).
+    """
+
+    max_loss_s: float | None = None
+    taken: float = field(default_factory=time.monotonic)  # when the newest save's state was taken (or the start)
+    save_s: float = 0.0  # the newest save's time, its state taken to on disk
+    step_s: float = 0.0
+
+    def observe_step_time(self, seconds: float) -> None:
+        # A slow step counts at once and a fast one slowly: the bound errs towards saving early.
+        self.step_s = max(seconds, 0.9 * self.step_s + 0.1 * seconds)
+
+    def every_s(self) -> float | None:
+        if self.max_loss_s is None:
+            return None
+        return max(self.max_loss_s - self.save_s - self.step_s, self.save_s)
+
+    def meets(self) -> bool:
+        """Whether saves so spaced keep the loss under the bound (not when a save takes too long)."""
+        return self.max_loss_s is None or self.max_loss_s - self.save_s - self.step_s >= self.save_s
+
+    def due(self, now: float) -> bool:
+        every = self.every_s()
+        return every is not None and now - self.taken >= every
+
+    def as_dict(self) -> dict[str, Any]:
+        """What the run answers the bridge and publishes in its registration."""
+        every = self.every_s()
+        return {
+            "max_loss_s": self.max_loss_s,
+            "every_s": None if every is None else round(every, 3),
+            "save_s": round(self.save_s, 3),
+            "step_s": round(self.step_s, 4),
+            "meets": self.meets(),
+        }
 
 
 class GradNormHistogram:
