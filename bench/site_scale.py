@@ -8,17 +8,24 @@ controller's bridge beside slurmctld (`holdover bridge`, [slurm] with both circu
 bridge on every node (`holdover bridge`, [failover] node = its name), each a process of its own, all
 on the one broker, all with the same alert channel (an ntfy-style receiver on loopback). Jobs: a
 single-node job on every node but the two on each side of the circuits' border, and a two-node job
-on each such pair, spanning both circuits; each task traps USR2 and writes the time it got it.
+on each such pair, spanning both circuits. Every job trains under the Guard: a single-node job the
+torch-free trainee (holdover.lab.trainee), a two-node job the torch data-parallel one
+(holdover.lab.ddp_trainee: gloo between the namespaces, the ranks agreeing on the step they save);
+each rank is started by a shell that traps USR2 and writes the time it got it, beside the Guard
+that gets it too. The controller's bridge has [slurm] then = "suspend".
 
 Each cut (--cuts a size): the sentinel's mains cut, then timed from that moment: until slurmctld's
-nodes of rackA are drained (the controller's slurm_drained event) and until every task of every job
-with a step on rackA has its signal (the latest trap's time); power back: until they are resumed.
+nodes of rackA are drained (the controller's slurm_drained event), until every task of every job
+with a step on rackA has its signal (the latest trap's time), and until every such job is saved at
+one step on all its nodes (each node's bridge reporting its ranks' verified checkpoints) and
+suspended (the last slurm_job_saved); power back: until the nodes and the jobs are resumed.
 Counted over each cut's window (cut to resumed, then 1 s): Slurm commands the controller's bridge
 ran (a logging shim before Slurm's own on its PATH), MQTT messages on the broker (a subscriber to
 #), alerts the receiver got. At the end, each bridge's resident memory and CPU over the cuts.
 
-Not here yet: jobs running the Guard (each rank's verified checkpoint and the requeue), and more
-than one sentinel cutting at once.
+Not here yet: more than one sentinel cutting at once. "requeue" is the same path as "suspend" (one
+scontrol for the jobs saved within 0.2 s), not timed apart: a requeued job would not run again
+for the next cut.
 
     .venv/bin/python bench/site_scale.py [--sizes 2,8,16,32] [--cuts 5] [--smoke]
 """
@@ -52,10 +59,15 @@ from holdover.lab.slurm import SUBNET, SlurmLab
 from holdover.lab.stats import percentile
 
 SLURM_COMMANDS = ("scancel", "scontrol", "squeue", "sinfo")
-TRAP = (
+# Each rank under a shell whose trap stamps the signal's arrival; the rank (in the background, so
+# the trap runs at once and not when the rank ends) gets the same signal from slurmstepd.
+TASK = (
     """srun bash -c 'trap "date +%s.%N > {dir}/sig-$SLURM_JOB_ID-$SLURMD_NODENAME" USR2; """
-    """while :; do sleep 0.05; done'"""
+    """{run} --ckpt {work}/ckpt-$SLURM_JOB_ID --registry {work}/reg-$SLURMD_NODENAME --step-sleep 0.05 & """
+    """while kill -0 $! 2>/dev/null; do wait $!; done'"""
 )
+SINGLE = f"{sys.executable} -m holdover.lab.trainee --name train --mb 1"
+PAIR = f"{sys.executable} -m holdover.lab.ddp_trainee --name train"
 HOLDOVER = Path(sys.executable).with_name("holdover")
 
 
@@ -143,8 +155,8 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 ],
                 "grace": 0,
                 "resume_after_s": 0,
-                "then": "run",
-                "save_timeout_s": 3600,  # trap jobs never save: no follow ends within the bench
+                "then": "suspend",
+                "save_timeout_s": 60,
                 "conf": str(lab.conf),
                 "netns": lab.netns,
             },
@@ -181,13 +193,19 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
             pairs = [(half, half + 1)] + ([(half - 1, half + 2)] if n >= 4 else [])
             paired = {i for p in pairs for i in p}
             jobs: dict[str, list[str]] = {}
-            for p in pairs:
+            for k, p in enumerate(pairs):
                 names = [f"n{i}" for i in p]
-                job = lab.run("sbatch", "--parsable", "-N2", "-w", ",".join(names), "--wrap", TRAP.format(dir=sig))
+                env = f"ALL,MASTER_ADDR={nodes[names[0]]},MASTER_PORT={29500 + k},GLOO_SOCKET_IFNAME=eth0"
+                task = TASK.format(dir=sig, work=work, run=PAIR)
+                job = lab.run(
+                    "sbatch", "--parsable", "-N2", "-w", ",".join(names), "-o", "/dev/null", "--export", env,
+                    "--wrap", task,
+                )  # fmt: skip
                 jobs[job.strip()] = names
             for i in range(1, n + 1):
                 if i not in paired:
-                    job = lab.run("sbatch", "--parsable", "-N1", "-w", f"n{i}", "--wrap", TRAP.format(dir=sig))
+                    task = TASK.format(dir=sig, work=work, run=SINGLE)
+                    job = lab.run("sbatch", "--parsable", "-N1", "-w", f"n{i}", "-o", "/dev/null", "--wrap", task)
                     jobs[job.strip()] = [f"n{i}"]
             wait(
                 "every job running",
@@ -195,18 +213,25 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 60,
             )
             assert all(p.poll() is None for p in procs.values()), "a bridge exited"
+            # Every rank registered with its node's bridge (torch's import takes seconds a rank here).
+            regs = [work / f"reg-{node}" / ("train.json" if r == 0 else f"train.rank{r}.json")
+                    for ns in jobs.values() for r, node in enumerate(ns)]  # fmt: skip
+            wait("every rank registered", lambda: all(r.exists() for r in regs), 180)
             time.sleep(3.0)  # the node bridges' first states out; the jobs' traps set
             counter = Counter(rig.broker.host, rig.broker.port)
             on_a = {(j, node) for j, ns in jobs.items() if set(ns) & set(a_nodes) for node in ns}
             out["jobs"], out["jobs_on_cut"] = len(jobs), len({j for j, _n in on_a})
+            cut_jobs = {j for j, _n in on_a}
+            out["saved"], out["not_suspended"], out["not_resumed"] = [], 0, 0
             cpu0 = {k: sum(psutil.Process(p.pid).cpu_times()[:2]) for k, p in procs.items()}
             t_cuts = time.time()
             for _ in range(cuts):
                 for f in sig.glob("sig-*"):
                     f.unlink()
-                drained0, resumed0, alerts0 = (
+                drained0, resumed0, saved0, alerts0 = (
                     len(events(journal, "slurm_drained")),
                     len(events(journal, "slurm_resumed")),
+                    len(events(journal, "slurm_job_saved")),
                     len(receiver.got),
                 )
                 t0 = time.time()
@@ -229,10 +254,25 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 first = calls(log, t0, time.time())
                 out["first_call"].append(float(first[0].split()[0]) - t0 if first else float("nan"))
                 out["jobs_told"] = drained.data["jobs_told"]
+
+                def saved(s0: int = saved0) -> list[Any] | None:
+                    new = events(journal, "slurm_job_saved")[s0:]
+                    return new if {e.data["job"] for e in new} >= cut_jobs else None
+
+                new = wait("every job on rackA saved and suspended", saved, 60)
+                out["saved"].append(max(e.rx_ts for e in new) - t0)
+                out["not_suspended"] += sum(e.data["then"] != "suspended" for e in new)
                 t1 = time.time()
                 rig.control.send(mains=True)
                 wait("slurm_resumed", lambda r=resumed0: len(events(journal, "slurm_resumed")) > r, 30)
-                out["resumed"].append(events(journal, "slurm_resumed")[-1].rx_ts - t1)
+                back = events(journal, "slurm_resumed")[-1]
+                out["resumed"].append(back.rx_ts - t1)
+                out["not_resumed"] += len(cut_jobs - set(back.data.get("jobs") or []))
+                wait(
+                    "every job running again",
+                    lambda: len(lab.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").split()) == len(jobs),
+                    30,
+                )
                 wait("nothing drained", lambda: all("drain" not in s for s, _ in lab.states().values()), 30)
                 time.sleep(1.0)  # the last messages of the cut
                 quiet_since, seen = time.monotonic(), len(receiver.got)
@@ -299,7 +339,10 @@ def main() -> int:
                 f"its first Slurm command p50 {percentile(got['first_call'], 50):.2f} s\n"
                 f"    cut -> drained p50 {percentile(got['drained'], 50):.2f} s p95 {percentile(got['drained'], 95):.2f} s; "  # noqa: E501
                 f"-> every task told p50 {percentile(got['told'], 50):.2f} s p95 {percentile(got['told'], 95):.2f} s; "
-                f"power back -> resumed p50 {percentile(got['resumed'], 50):.2f} s\n"
+                f"-> every job saved at one step everywhere and suspended p50 {percentile(got['saved'], 50):.2f} s "
+                f"p95 {percentile(got['saved'], 95):.2f} s ({got['not_suspended']} not suspended); "
+                f"power back -> nodes and jobs resumed p50 {percentile(got['resumed'], 50):.2f} s "
+                f"({got['not_resumed']} job(s) not resumed)\n"
                 f"    a cut: {statistics.median(per_cut):.0f} Slurm commands ({', '.join(kinds)}), "
                 f"{statistics.median(got['messages']):.0f} MQTT messages, "
                 f"{got['alerts'][0]} alert(s) at the first ({'; '.join(got['first_titles'])}), "
@@ -315,11 +358,14 @@ def main() -> int:
     alerts = ", ".join(str(r["alerts"][0]) for r in rows)
     twice = sum(sum(r["twice"]) for r in rows)
     told = ", ".join(str(r["jobs_on_cut"]) for r in rows)
+    saved = ", ".join(f"{percentile(r['saved'], 50):.2f}" for r in rows)
     verdict = [
         f"cut -> last task told grew {grew:+.2f} s from {small['nodes']} to {large['nodes']} nodes (goal < 1 s)",
         f"Slurm commands a cut: {', '.join(f'{c:.0f}' for c in cmds)} for {told} jobs told (goal: flat)",
         f"alerts at a site's first cut: {alerts}, said twice by two bridges: {twice} (goal: once for the site)",
         f"a node's bridge at most {max(r['rss_node_mb'] for r in rows):.0f} MB resident (goal < 80 MB)",
+        f"cut -> every job saved at one step and suspended p50 {saved} s; "
+        f"not suspended {sum(r['not_suspended'] for r in rows)}, not resumed {sum(r['not_resumed'] for r in rows)}",
     ]
     print("\nverdict: " + "; ".join(verdict))
     print(json.dumps([{k: v for k, v in r.items() if k != "commands"} for r in rows]))

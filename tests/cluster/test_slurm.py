@@ -326,6 +326,70 @@ def test_a_job_saved_at_one_step_on_every_node_is_requeued(rig_factory) -> None:
                 b.stop()
 
 
+def _proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.long
+@needs_slurm
+def test_a_saved_job_is_suspended_off_the_ups_and_resumed_in_place_when_the_power_is_back(rig_factory) -> None:
+    """[slurm] then = "suspend": a job whose node reported its checkpoint is stopped where it is by
+    Slurm (its processes in state T, no step made), and resumed in place with the nodes, not
+    requeued. The torch-free trainee, one node, its bridge reporting its run."""
+    import sys
+
+    from holdover.bridge.service import Bridge, BridgeThread
+    from holdover.settings import Settings
+
+    with slurm_cluster({"n1": "198.51.100.11", "n2": "198.51.100.12"}) as lab:
+        rig = rig_factory(bridge_extra=_slurm(lab, grace=0.5, resume_after_s=0.5, then="suspend", save_timeout_s=30))
+        cfg = Settings.model_validate(
+            {
+                "mqtt": {"host": rig.broker.host, "port": rig.broker.port, "client_id": "holdover-n1"},
+                "journal": {"path": str(lab.dir / "journal-n1.db")},
+                "protect": {"registry": str(lab.dir / "reg-n1")},
+                "failover": {"node": "n1"},
+                "web": {"enabled": False},
+            }
+        )
+        node = BridgeThread(Bridge(cfg)).start()
+        try:
+            rig.wait("boot", 15)
+            run = (
+                f"{sys.executable} -m holdover.lab.trainee --ckpt {lab.dir}/ckpt --registry {lab.dir}/reg-n1"
+                " --name train --mb 1 --step-sleep 0.05"
+            )
+            out = lab.dir / "job.out"
+            job = lab.run("sbatch", "--parsable", "-N1", "-w", "n1", "-o", str(out), "--wrap", f"srun {run}").strip()
+            reg = lab.dir / "reg-n1" / "train.json"
+            wait_for(reg.exists, 30, "the run registered")
+            pid = json.loads(reg.read_text())["pid"]
+            since = _cut(rig)
+            wait_for(lambda: _events(rig, "slurm_job_saved"), 30, "the job saved")
+            took = time.monotonic() - since
+            [saved] = _events(rig, "slurm_job_saved")
+            assert (saved["job"], saved["count"], saved["then"]) == (job, 1, "suspended"), saved
+            assert "SUSPENDED" in lab.run("squeue", "-h", "-j", job, "-o", "%T")
+            wait_for(lambda: _proc_state(pid) == "T", 10, "the run's process stopped")
+            steps = out.read_text().count("\n")
+            time.sleep(0.5)
+            assert out.read_text().count("\n") == steps  # stopped: not a step more
+
+            since = time.monotonic()
+            rig.control.send(mains=True)
+            rig.wait("mains_restored", 5, since)
+            wait_for(lambda: _events(rig, "slurm_resumed"), 15, "the nodes and the job resumed")
+            [resumed] = _events(rig, "slurm_resumed")
+            assert (resumed["nodes"], resumed["jobs"]) == ("n1,n2", [job]), resumed
+            assert _running(lab, job) and json.loads(reg.read_text())["pid"] == pid  # in place, not requeued
+            wait_for(lambda: out.read_text().count("\n") > steps + 5, 10, "steps again after the resume")
+            print(f"cut -> saved and suspended: {took:.1f} s (grace 0.5 s)")
+        finally:
+            node.stop()
+            with contextlib.suppress(slurm_lab.SlurmError):
+                lab.run("scancel", "-u", "root")
+
+
 @pytest.mark.long
 @needs_slurm
 def test_a_controller_killed_at_each_turn_of_a_cut_goes_on_from_slurm_and_its_journal(

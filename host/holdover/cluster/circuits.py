@@ -7,7 +7,11 @@ longer holdover's (an admin drained it meanwhile) stays as it is.
 
 A job told to checkpoint is saved when every node it runs on reports, through its own bridge's
 retained state (holdover/node/NODE/state, bridge/node_report.py), a verified checkpoint of the
-job made since the signal, all of the same step. Then [slurm] then: run on, requeue, or hold.
+job made since the signal, all of the same step. Then [slurm] then: run on, requeue, hold, or
+suspend. A suspended job (its processes stopped, its load off the UPS) is resumed in place with the
+nodes when the power is back, if it is still suspended then; a cut that outlasts the UPS takes its
+nodes down, and Slurm requeues it from there as any job on a failed node (JobRequeue), to resume
+from the checkpoint it just verified.
 
 Everything it does is a host event (journaled, alerted, on the dashboard); Slurm trouble is one
 too (slurm_failed) and never stops the bridge: every command runs on a thread, under a timeout.
@@ -29,6 +33,10 @@ from holdover.journal import Event, Journal
 from holdover.settings import Settings, SlurmCircuit
 
 log = logging.getLogger("holdover.cluster")
+
+# What became of a saved job, by [slurm] then, in its slurm_job_saved event.
+THEN = {"run": "left running", "requeue": "requeued", "hold": "requeued and held", "suspend": "suspended"}
+THEN_WINDOW_S = 0.2  # the jobs saved this close together are acted on in one scontrol
 
 CLOCK_SLACK_S = 2.0  # the nodes' clocks against this one's, when judging "made since the signal"
 
@@ -77,6 +85,8 @@ class Circuits:
         self._waiting: dict[str, set[asyncio.Event]] = {}  # job id -> its follows' wake-ups
         self._follows: set[asyncio.Task[None]] = set()
         self._said: dict[str, str] = {}  # circuit -> the Slurm failure last told (told once, not each retry)
+        self._suspended: dict[str, set[str]] = {}  # circuit -> the jobs holdover suspended at its cut
+        self._batches: dict[str, tuple[list[str], asyncio.Future[set[str]]]] = {}  # circuit -> jobs saved, to act on
         self.journal = journal
 
     # --- Reaction --------------------------------------------------------------------------------
@@ -286,13 +296,35 @@ class Circuits:
         states = await self._retrying(c, f"reading {c.nodes}", self.slurm.nodes, names)
         ours = [n for n in names if states.get(n, ("", ""))[1].startswith(REASON_PREFIX)]
         kept = [{"node": n, "reason": states[n][1]} for n in names if n in states and n not in ours and states[n][1]]
-        if not ours:
+        jobs = await self._resume_jobs(c)
+        if not ours and not jobs:
             return  # nothing of holdover's to undo (a restart may have missed the cut)
-        await self._retrying(c, f"resuming {','.join(ours)}", self.slurm.resume, ours)
+        if ours:
+            await self._retrying(c, f"resuming {','.join(ours)}", self.slurm.resume, ours)
         self.raise_event(
             events.SLURM_RESUMED,
-            {"circuit": c.name, "nodes": ",".join(ours), "count": len(ours), "kept": kept},
+            {"circuit": c.name, "nodes": ",".join(ours), "count": len(ours), "kept": kept, "jobs": jobs},
         )
+
+    async def _resume_jobs(self, c: SlurmCircuit) -> list[str]:
+        """The jobs holdover suspended at the circuit's last cut and still suspended, resumed: one
+        scontrol for them all. Known from this bridge's memory and, after a restart, its journal."""
+        ids = set(self._suspended.pop(c.name, ()))
+        if self.journal is not None:
+            try:
+                drained = self._journaled(c, events.SLURM_DRAINED, 0.0)[:1]
+                saved = self._journaled(c, events.SLURM_JOB_SAVED, drained[0].rx_ts) if drained else []
+            except (sqlite3.Error, OSError) as e:
+                log.error("circuit %s: the journal cannot be read (%s): only the jobs in memory resumed", c.name, e)
+                saved = []
+            ids |= {str(e.data["job"]) for e in saved if e.data.get("then") == THEN["suspend"]}
+        if not ids:
+            return []
+        ok, still = await self._call(c, "listing the jobs suspended", self.slurm.suspended, sorted(ids))
+        if not ok or not still:
+            return []
+        ok, _ = await self._call(c, f"resuming job(s) {','.join(sorted(still))}", self.slurm.resume_jobs, sorted(still))
+        return sorted(still) if ok else []
 
     # --- a signalled job, until every node has saved it -----------------------------------------
 
@@ -327,6 +359,39 @@ class Circuits:
             return None, missing or [f"{n} (steps differ: {sorted(steps)})" for n in sorted(made_by)]
         return steps.pop(), []
 
+    async def _then(self, c: SlurmCircuit, job: str) -> bool:
+        """[slurm] then for a saved job, in one scontrol with the others of the circuit saved within
+        THEN_WINDOW_S: a cut's jobs save within a second of each other, and one call a job would
+        grow a cut's Slurm commands with its jobs (bench/site_scale.py). A list Slurm refuses (one
+        job ended meanwhile) is tried again a job at a time, so the rest are still acted on."""
+        batch = self._batches.get(c.name)
+        if batch is None:
+            batch = self._batches[c.name] = ([], asyncio.get_running_loop().create_future())
+            act = asyncio.get_running_loop().create_task(self._act(c, *batch))
+            self._follows.add(act)
+            act.add_done_callback(self._follows.discard)
+        batch[0].append(job)
+        return job in await asyncio.shield(batch[1])
+
+    async def _act(self, c: SlurmCircuit, jobs: list[str], done: asyncio.Future[set[str]]) -> None:
+        fn = {"requeue": self.slurm.requeue, "hold": self.slurm.hold, "suspend": self.slurm.suspend}[self.s.then]
+        verb = {"requeue": "requeueing", "hold": "holding", "suspend": "suspending"}[self.s.then]
+        acted: set[str] = set()
+        try:
+            await asyncio.sleep(THEN_WINDOW_S)
+            del self._batches[c.name]  # a job saved from here on is the next call's
+            ok, _ = await self._call(c, f"{verb} job(s) {','.join(jobs)}", fn, jobs)
+            acted = set(jobs) if ok else set()
+            if not ok and len(jobs) > 1:
+                for j in jobs:
+                    if (await self._call(c, f"{verb} job {j}", fn, [j]))[0]:
+                        acted.add(j)
+        finally:
+            if self._batches.get(c.name, ([],))[0] is jobs:
+                del self._batches[c.name]
+            if not done.done():
+                done.set_result(acted)
+
     async def _follow(self, c: SlurmCircuit, job: Job, since: float) -> None:
         expand = f"expanding job {job.id}'s nodes {job.nodes}"
         nodes: list[str] | None = None
@@ -358,13 +423,11 @@ class Circuits:
                 events.SLURM_JOB_UNSAVED, {**data, "missing": ", ".join(missing), "timeout_s": self.s.save_timeout_s}
             )
             return
-        then = {"run": "left running", "requeue": "requeued", "hold": "requeued and held"}[self.s.then]
-        ok = True
-        if self.s.then == "requeue":
-            ok, _ = await self._call(c, f"requeueing job {job.id}", self.slurm.requeue, job.id)
-        elif self.s.then == "hold":
-            ok, _ = await self._call(c, f"holding job {job.id}", self.slurm.hold, job.id)
+        then = THEN[self.s.then]
+        ok = await self._then(c, job.id) if self.s.then != "run" else True
         if not ok:
             then = f"not {then}: Slurm refused (see slurm_failed)"
+        elif self.s.then == "suspend":
+            self._suspended.setdefault(c.name, set()).add(job.id)
         count = len(nodes) if nodes is not None else job.count
         self.raise_event(events.SLURM_JOB_SAVED, {**data, "step": step, "count": count, "then": then})

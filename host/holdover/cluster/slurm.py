@@ -94,11 +94,25 @@ class Slurm:
         out = self._run("squeue", "-h", "-j", ",".join(jobs), "-t", "RUNNING,SUSPENDED", "-o", "%i")
         return set(out.split())
 
-    def requeue(self, job: str) -> None:
-        self._run("scontrol", "requeue", job)
+    # Each takes a job list: the jobs a cut saved at about the same time, in one call.
+    def requeue(self, jobs: list[str]) -> None:
+        self._run("scontrol", "requeue", ",".join(jobs))
 
-    def hold(self, job: str) -> None:
-        self._run("scontrol", "requeuehold", job)
+    def hold(self, jobs: list[str]) -> None:
+        self._run("scontrol", "requeuehold", ",".join(jobs))
+
+    def suspend(self, jobs: list[str]) -> None:
+        """Every process of the jobs stopped where it is (SIGSTOP from its slurmstepd), their nodes
+        still theirs: off the UPS's load, and on from the same instruction when resumed."""
+        self._run("scontrol", "suspend", ",".join(jobs))
+
+    def suspended(self, jobs: list[str]) -> set[str]:
+        """Which of these jobs are suspended now (not resumed by someone else, ended, or requeued)."""
+        out = self._run("squeue", "-h", "-j", ",".join(jobs), "-t", "SUSPENDED", "-o", "%i")
+        return set(out.split())
+
+    def resume_jobs(self, jobs: list[str]) -> None:
+        self._run("scontrol", "resume", ",".join(jobs))
 
 
 def unknown_nodes(settings: SlurmSettings) -> list[str]:

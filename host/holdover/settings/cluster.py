@@ -72,9 +72,10 @@ class SlurmSettings(_Strict):
         "steps", description="who is signalled: the steps' processes, with the batch shell, or the shell alone"
     )
     grace: float | None = Field(None, ge=0, description="seconds of a cut before draining; default [protect] grace")
-    then: Literal["run", "requeue", "hold"] = Field(
+    then: Literal["run", "requeue", "hold", "suspend"] = Field(
         "run",
-        description="once a job is saved on every node it runs on: let it run, requeue it, or requeue and hold it",
+        description="once a job is saved on every node it runs on: let it run, requeue it, requeue and hold it, or"
+        " suspend it (scontrol suspend: off the UPS's load, resumed in place when the power is back)",
     )
     save_timeout_s: float = Field(
         300.0, gt=0, description="a job not saved on every node by then is reported unsaved (and left running)"

@@ -176,6 +176,8 @@ def slurm(journal: Journal, cfg: Settings) -> list[dict[str, Any]]:
                 job = {**j, "state": "told to checkpoint"}
                 if fate is not None and fate.kind == events.SLURM_JOB_SAVED:
                     job.update(state=f"saved at step {fate.data.get('step')}, {fate.data.get('then')}")
+                    if resumed is not None and j["job"] in (resumed.data.get("jobs") or []):
+                        job["state"] += ", resumed"
                 elif fate is not None:
                     job.update(state=f"not saved: {fate.data.get('missing')}")
                 circuit["jobs"].append(job)
