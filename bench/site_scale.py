@@ -23,7 +23,12 @@ Counted over each cut's window (cut to resumed, then 1 s): Slurm commands the co
 ran (a logging shim before Slurm's own on its PATH), MQTT messages on the broker (a subscriber to
 #), alerts the receiver got. At the end, each bridge's resident memory and CPU over the cuts.
 
-Not here yet: more than one sentinel cutting at once. "requeue" is the same path as "suspend" (one
+Then one cut of both circuits at once (rackB's sentinel's signed events published by the bench, as
+its board would send them): every job told once (a job across both circuits is signalled by one
+circuit's cut only), saved, suspended once, and resumed when both are back. And what the broker keeps
+retained at the end (a new subscriber to # gets it all): messages and bytes, by kind.
+
+Not here: "requeue" is the same path as "suspend" (one
 scontrol for the jobs saved within 0.2 s), not timed apart: a requeued job would not run again
 for the next cut.
 
@@ -33,6 +38,7 @@ for the next cut.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -52,6 +58,7 @@ import psutil
 import tomli_w
 from common import parse, wait
 
+from holdover.firmware import protocol
 from holdover.journal import Journal, NoJournalYet
 from holdover.lab.ntfy import Ntfy
 from holdover.lab.rig import Rig
@@ -90,6 +97,50 @@ class Counter:
         self.c.disconnect()
 
 
+class Board:
+    """A sentinel without an emulator: its signed events, as firmware/protocol.py frames them."""
+
+    def __init__(self, sid: str, key: str, host: str, port: int) -> None:
+        self.sid, self.signer = sid, protocol.Signer(key)
+        self.boot, self.seq, self.t0 = secrets.token_hex(4), 0, time.monotonic()
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"site-scale-{sid}")
+        self.c.connect(host, port)
+        self.c.loop_start()
+
+    def send(self, kind: str) -> None:
+        self.seq += 1
+        ms = int((time.monotonic() - self.t0) * 1000)
+        raw = protocol.encode(self.signer, self.sid, self.boot, self.seq, ms, int(time.time()), kind, {})
+        self.c.publish(protocol.topic(self.sid, protocol.EVENT), raw, qos=1)
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def retained(host: str, port: int) -> dict[str, list[int]]:
+    """What the broker keeps retained, by the topic's first levels: each message's bytes."""
+    got: dict[str, int] = {}
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="site-scale-retained")
+    c.on_connect = lambda c, *_a: c.subscribe("#", qos=0)
+    c.on_message = lambda _c, _u, m: got.__setitem__(m.topic, len(m.payload)) if m.retain else None
+    c.connect(host, port)
+    c.loop_start()
+    seen, quiet_since = -1, time.monotonic()
+    while time.monotonic() - quiet_since < 1.0:  # they come at once on subscribing; then nothing
+        time.sleep(0.1)
+        if len(got) != seen:
+            seen, quiet_since = len(got), time.monotonic()
+    c.loop_stop()
+    c.disconnect()
+    by: dict[str, list[int]] = {}
+    for topic, size in got.items():
+        parts = topic.split("/")
+        kind = f"{parts[0]}/node/*/{parts[-1]}" if parts[1:2] == ["node"] else f"{parts[0]}/*/{parts[-1]}"
+        by.setdefault(kind, []).append(size)
+    return by
+
+
 def shim(where: Path) -> Path:
     """Slurm's commands, each logging its arguments before running Slurm's own."""
     where.mkdir()
@@ -113,7 +164,8 @@ def calls(log: Path, t0: float, t1: float) -> list[str]:
 def events(journal: Path, kind: str) -> list[Any]:
     try:
         with Journal(journal, readonly=True) as j:
-            return list(reversed(j.events(kinds=[kind])))
+            # All of them: the journal's default page (100) would cap what the cuts are counted by.
+            return list(reversed(j.events(kinds=[kind], limit=1_000_000)))
     except NoJournalYet:  # the bridge has not made it yet
         return []
 
@@ -289,6 +341,8 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 out.setdefault("first_titles", titles)
                 time.sleep(1.0)
             span = time.time() - t_cuts
+            out["both"] = both(rig, quiet, lab, jobs, sig, journal, log)
+            out["retained"] = retained(rig.broker.host, rig.broker.port)
             rss = {k: psutil.Process(p.pid).memory_info().rss for k, p in procs.items()}
             cpu = {k: (sum(psutil.Process(p.pid).cpu_times()[:2]) - cpu0[k]) / span for k, p in procs.items()}
             out["rss_ctl_mb"] = rss["controller"] / 1e6
@@ -301,6 +355,11 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 err = work / f"{name}.err"
                 if err.exists():
                     print(f"--- {name}'s bridge:\n" + err.read_text(errors="replace")[-1500:], file=sys.stderr)
+            with contextlib.suppress(Exception):  # and what the controller's bridge did, in Slurm's terms
+                for kind in ("slurm_drained", "slurm_job_saved", "slurm_job_unsaved", "slurm_failed", "slurm_resumed"):
+                    for e in events(rig.dir / "journal.db", kind)[-40:]:
+                        print(f"--- {kind} at {e.rx_ts:.2f}: {json.dumps(e.data)[:400]}", file=sys.stderr)
+                print("--- squeue:\n" + lab.run("squeue", "-h", "-o", "%i %T %N %j"), file=sys.stderr)
             raise
         finally:
             if counter:
@@ -318,6 +377,54 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
     return out
 
 
+def both(rig: Rig, quiet: dict[str, str], lab: SlurmLab, jobs: dict[str, list[str]], sig: Path, journal: Path,
+         log: Path) -> dict[str, Any]:  # fmt: skip
+    """Both circuits cut at once, and back at once: every job told once, saved, suspended and resumed.
+    rackB's board has no debounce here: its cut reaches the bridges 0.3 s before the emulated one's."""
+    board = Board(quiet["id"], quiet["key"], rig.broker.host, rig.broker.port)
+    try:
+        for f in sig.glob("sig-*"):
+            f.unlink()
+        everywhere = {(j, node) for j, ns in jobs.items() for node in ns}
+        saved0, resumed0 = len(events(journal, "slurm_job_saved")), len(events(journal, "slurm_resumed"))
+        t0 = time.time()
+        rig.control.send(mains=False)
+        board.send(protocol.MAINS_LOST)
+
+        def told() -> float | None:
+            times = {tuple(f.name.split("-", 2)[1:]): float(f.read_text() or 0) for f in sig.glob("sig-*")}
+            return max(times.values()) - t0 if set(times) >= everywhere and all(times.values()) else None
+
+        got: dict[str, Any] = {"told": wait("every task of both circuits told", told, 60)}
+
+        def saved() -> list[Any] | None:
+            n = events(journal, "slurm_job_saved")[saved0:]
+            return n if {e.data["job"] for e in n} >= set(jobs) else None
+
+        new = wait("every job saved and suspended", saved, 60)
+        got["saved"] = max(e.rx_ts for e in new) - t0
+        got["saved_events"], got["suspended"] = len(new), sum(e.data["then"] == "suspended" for e in new)
+        cmds = calls(log, t0, time.time())
+        signalled = [j for c in cmds if " scancel " in f" {c} " for j in c.split()[3:]]
+        got["signalled"], got["told_twice"] = len(signalled), len(signalled) - len(set(signalled))
+        t1 = time.time()
+        rig.control.send(mains=True)
+        board.send(protocol.MAINS_RESTORED)
+        both_back = wait("both circuits resumed", lambda: len(events(journal, "slurm_resumed")) >= resumed0 + 2, 30)
+        back = events(journal, "slurm_resumed")[resumed0:]
+        got["resumed"] = max(e.rx_ts for e in back) - t1 if both_back else float("nan")
+        got["not_resumed"] = len(set(jobs) - {j for e in back for j in e.data.get("jobs") or []})
+        got["commands"] = len(calls(log, t0, time.time()))
+        wait(
+            "every job running again",
+            lambda: len(lab.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").split()) == len(jobs),
+            30,
+        )
+        return got
+    finally:
+        board.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="2,8,16,32", help="site sizes, nodes")
@@ -330,6 +437,7 @@ def main() -> int:
             got = site(n, Path(tmp) / f"site{n}", args.cuts)
             rows.append(got)
             per_cut = [len(c) for c in got["commands"]]
+            b, r = got["both"], got["retained"]
             kinds = sorted({" ".join(c.split()[1:3]) for cs in got["commands"] for c in cs})
             print(
                 f"{n:3d} nodes, {got['jobs']} jobs ({got['jobs_on_cut']} with a step on the cut circuit), "
@@ -348,6 +456,14 @@ def main() -> int:
                 f"{got['alerts'][0]} alert(s) at the first ({'; '.join(got['first_titles'])}), "
                 f"{sum(got['alerts'][1:])} over the {len(got['alerts']) - 1} after it (a storm is merged), "
                 f"{sum(got['twice'])} said twice\n"
+                f"    both circuits cut at once: every task told {b['told']:.2f} s, every job saved and suspended "
+                f"{b['saved']:.2f} s ({b['saved_events']} saved, {b['suspended']} suspended, {b['signalled']} signals, "
+                f"{b['told_twice']} twice), both back -> resumed {b['resumed']:.2f} s ({b['not_resumed']} not), "
+                f"{b['commands']} Slurm commands\n"
+                f"    retained on the broker: {sum(len(v) for v in r.values())} messages, "
+                f"{sum(sum(v) for v in r.values()) / 1024:.1f} KiB ("
+                + ", ".join(f"{k} {len(v)} x {statistics.mean(v):.0f} B" for k, v in sorted(r.items()))
+                + ")\n"
                 f"    bridges: controller {got['rss_ctl_mb']:.0f} MB, {got['cpu_ctl'] * 100:.1f} % CPU; "
                 f"a node's at most {got['rss_node_mb']:.0f} MB, median {got['cpu_node'] * 100:.1f} % CPU",
                 flush=True,

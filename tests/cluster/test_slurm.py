@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -579,3 +580,123 @@ def test_a_node_state_is_looked_at_only_by_the_jobs_it_names() -> None:
     assert c._saved(job, None, now - 1) == (10, [])
     c.node_state("n2", state())  # n2's run ended: it no longer names job 7
     assert c._jobs_on["7"] == {"n1"} and c._saved(job, None, now - 1)[0] is None
+
+
+class FakeSlurm:
+    """Slurm's answers for two circuits (ra: n1-n2, rb: n3-n4) and three jobs: 1 on n1, 2 across n2
+    and n3, 3 on n4; each call written down as the command it stands for."""
+
+    NODES: ClassVar[dict[str, list[str]]] = {"ra": ["n1", "n2"], "rb": ["n3", "n4"]}
+    JOBS: ClassVar[dict[str, list[str]]] = {"1": ["n1"], "2": ["n2", "n3"], "3": ["n4"]}
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.state = {j: "RUNNING" for j in self.JOBS}
+
+    def hostnames(self, hostlist: str) -> list[str]:
+        return self.NODES["ra" if "1" in hostlist else "rb"]
+
+    def nodes(self, names: list[str]) -> dict[str, tuple[str, str]]:
+        return {n: ("idle", "") for n in names}
+
+    def drain(self, names: list[str], reason: str) -> None:
+        self.calls.append(f"drain {','.join(names)}")
+
+    def resume(self, names: list[str]) -> None:
+        self.calls.append(f"resume {','.join(names)}")
+
+    def jobs_on(self, names: list[str]) -> list:
+        from holdover.cluster.slurm import Job
+
+        on = [j for j, ns in self.JOBS.items() if set(ns) & set(names)]
+        return [Job(j, "train", "gpu", ",".join(self.JOBS[j]), "root", len(self.JOBS[j])) for j in on]
+
+    def signal(self, jobs: list[str], signal: str) -> None:
+        self.calls.append(f"scancel {' '.join(jobs)}")
+
+    def suspend(self, jobs: list[str]) -> None:
+        self.calls.append(f"suspend {','.join(jobs)}")
+        for j in jobs:
+            assert self.state[j] == "RUNNING", f"job {j} suspended twice"
+            self.state[j] = "SUSPENDED"
+
+    def suspended(self, jobs: list[str]) -> set[str]:
+        return {j for j in jobs if self.state[j] == "SUSPENDED"}
+
+    def resume_jobs(self, jobs: list[str]) -> None:
+        self.calls.append(f"resume jobs {','.join(jobs)}")
+        for j in jobs:
+            self.state[j] = "RUNNING"
+
+
+def test_two_circuits_out_at_once_tell_a_job_across_both_once_and_resume_it_when_both_are_back() -> None:
+    """A job with steps on two circuits cut together is signalled and followed once (two scancels a
+    job are two saves, and the second follow would suspend it twice), suspended once, and stays
+    suspended while either circuit is out: resumed, it would draw from the UPS still on battery."""
+    import asyncio
+
+    from holdover.cluster.circuits import Circuits
+    from holdover.firmware import protocol
+    from holdover.journal.schema import Event
+    from holdover.settings import Settings
+
+    cfg = Settings.model_validate(
+        {
+            "slurm": {
+                "circuits": [
+                    {"name": "ra", "sentinel": "sa", "nodes": "n[1-2]"},
+                    {"name": "rb", "sentinel": "sb", "nodes": "n[3-4]"},
+                ],
+                "grace": 0,
+                "resume_after_s": 0,
+                "then": "suspend",
+            },
+            "sentinels": [{"id": "sa", "key": KEY}, {"id": "sb", "key": KEY}],
+        }
+    )
+    said: list[tuple[str, dict]] = []
+    slurm = FakeSlurm()
+    c = Circuits(cfg, lambda kind, data: said.append((kind, data)), slurm=slurm)  # type: ignore[arg-type]
+    seq = iter(range(1, 100))
+
+    def power(sid: str, kind: str) -> None:
+        c.on_event(Event(0, time.time(), "sentinel", sid, "b00t", next(seq), kind, 0, None, {}))
+
+    def report(*nodes: str) -> None:  # each node's bridge: its rank of each job saved at step 9
+        for n in nodes:
+            runs = {
+                f"r{j}": {"job": j, "step": 9, "checkpoint_age_s": 0.0} for j, ns in FakeSlurm.JOBS.items() if n in ns
+            }
+            c.node_state(n, {"ts": time.time() + 1, "runs": runs})
+
+    def kinds(kind: str) -> list[dict]:
+        return [d for k, d in said if k == kind]
+
+    async def outage() -> None:
+        power("sa", protocol.MAINS_LOST)
+        power("sb", protocol.MAINS_LOST)
+        await asyncio.sleep(0.1)
+        assert sorted(slurm.calls) == ["drain n1,n2", "drain n3,n4", "scancel 1 2", "scancel 3"], slurm.calls
+        rb = next(d for d in kinds("slurm_drained") if d["circuit"] == "rb")
+        assert rb["already"] == ["2"] and [j["job"] for j in rb["jobs"]] == ["3"], rb
+        report("n1", "n2", "n3", "n4")
+        await asyncio.sleep(0.5)  # the follows see them saved; 0.2 s later, one suspend a circuit
+        assert slurm.state == {"1": "SUSPENDED", "2": "SUSPENDED", "3": "SUSPENDED"}
+        assert sorted((d["job"], d["then"]) for d in kinds("slurm_job_saved")) == [
+            ("1", "suspended"), ("2", "suspended"), ("3", "suspended"),
+        ]  # fmt: skip
+        power("sa", protocol.MAINS_RESTORED)  # ra back, rb still out: job 2 has a step on rb
+        await asyncio.sleep(0.1)
+        [back] = kinds("slurm_resumed")
+        assert (back["jobs"], back["jobs_still_suspended"]) == (["1"], ["2"]), back
+        assert slurm.state == {"1": "RUNNING", "2": "SUSPENDED", "3": "SUSPENDED"}
+        power("sb", protocol.MAINS_RESTORED)
+        await asyncio.sleep(0.1)
+        assert (kinds("slurm_resumed")[1]["jobs"], kinds("slurm_resumed")[1]["jobs_still_suspended"]) == (
+            ["2", "3"],
+            [],
+        )
+        assert set(slurm.state.values()) == {"RUNNING"}
+        await c.close()
+
+    asyncio.run(outage())

@@ -26,11 +26,13 @@ def _protect(tmp: Path, minutes: float) -> ProtectSettings:
 
 def test_a_run_that_cannot_fit_saves_by_the_clock_and_is_let_go_once_it_fits(tmp_path: Path) -> None:
     runtime = {"s": 0.001}  # the UPS's runtime: nothing fits in 1 ms
+    rescuing = {"now": False}
     said: list[tuple[str, dict[str, Any]]] = []
     cadence = Cadence(
         _protect(tmp_path, 0.01),  # 0.6 s
         lambda default: Runtime(runtime["s"], "UPS hostups", False, True),
         lambda kind, data: said.append((kind, data)),
+        lambda: rescuing["now"],
     )
     with Toy(tmp_path, "--step-sleep", "0.02", name="vit", torch=False) as toy:
         toy.registration()
@@ -42,6 +44,16 @@ def test_a_run_that_cannot_fit_saves_by_the_clock_and_is_let_go_once_it_fits(tmp
         saved = wait_for(lambda: (r := toy.registration()).last_save and r, 10, "a save by the clock")
         assert saved.bound is not None and saved.bound["max_loss_s"] == 0.6, saved.bound
         assert asyncio.run(cadence.once()) == {}  # it holds what it should: not told again
+        # A rescue saving the others: the bound lifted, so no save by the clock takes their disk; then again.
+        rescuing["now"] = True
+        assert asyncio.run(cadence.once()) == {
+            "vit": "vit: its saves by the clock wait while the rescue saves the others: one would not finish, "
+            "and takes their disk"
+        }
+        wait_for(lambda: toy.registration().bound is None, 10, "the bound lifted for the rescue")
+        rescuing["now"] = False
+        assert "so it saves at least every" in asyncio.run(cadence.once())["vit"]
+        wait_for(lambda: toy.registration().bound is not None, 10, "the bound again")
         # By the clock: the newest save's age, sampled from outside, stays under the bound (+ jitter).
         steps, ages, end = set(), [], time.monotonic() + 2.0
         while time.monotonic() < end:
@@ -60,9 +72,9 @@ def test_a_run_that_cannot_fit_saves_by_the_clock_and_is_let_go_once_it_fits(tmp
         last = toy.registration().last_save
         time.sleep(1.2)
         assert toy.registration().last_save == last  # no more saves by the clock
-    assert [k for k, _ in said] == [events.SAVE_CADENCE] * 2
-    assert said[0][1]["max_loss_s"] == 0.6 and said[1][1]["max_loss_s"] is None
-    assert events.kind(events.SAVE_CADENCE).describe(**said[1][1]).startswith("vit fits the rescue plan again")
+    assert [k for k, _ in said] == [events.SAVE_CADENCE] * 4
+    assert [d["max_loss_s"] for _k, d in said] == [0.6, None, 0.6, None]
+    assert events.kind(events.SAVE_CADENCE).describe(**said[3][1]).startswith("vit fits the rescue plan again")
 
 
 def test_a_guard_that_cannot_hold_a_bound_is_asked_once_and_the_round_goes_on(tmp_path: Path) -> None:

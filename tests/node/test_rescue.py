@@ -194,6 +194,29 @@ def test_a_bridge_restart_mid_rescue_never_makes_a_run_save_twice(tmp_path: Path
         assert list(status["requests"]) == list(ids)
 
 
+def test_a_run_saved_since_the_cut_is_verified_not_asked_again(tmp_path: Path) -> None:
+    """Its job told by Slurm (or a person's request) saved it after the cut, before the grace ended:
+    that checkpoint answers the rescue, verified, never a second request (which a run Slurm has
+    suspended since would never answer: bench/site_scale.py)."""
+    with Toy(tmp_path, "--steps", "100000", "--step-sleep", "0.02", torch=False) as run:
+        run.registration()
+        with Journal(tmp_path / "j.db") as j:
+            cut = _event(j, protocol.MAINS_LOST)
+            [*_, done] = run.ask({"op": "save", "id": "slurm-signal", "reason": "signal"})
+            assert done["state"] == "done", done
+            run.proc.send_signal(signal.SIGSTOP)  # as `scontrol suspend` leaves it
+            try:
+                asyncio.run(_drive(Rescuer(_settings(tmp_path), j), cut))
+            finally:
+                run.proc.send_signal(signal.SIGCONT)
+            steps = [x for x in RescueLedger(j).steps() if x["target"] != "*"]
+            kinds = [e.kind for e in j.events(kinds=[events.CHECKPOINT_STARTED, events.CHECKPOINT_VERIFIED])]
+        assert [x["action"] for x in steps] == ["verified"], steps
+        assert steps[0]["detail"]["since_cut"] is True and steps[0]["detail"]["dir"] == done["dir"]
+        assert kinds == [events.CHECKPOINT_VERIFIED]  # no "started": nothing was asked
+        assert list(run.ask({"op": "status"})[0]["requests"]) == ["slurm-signal"]
+
+
 def test_mains_back_within_the_grace_time_saves_nothing(tmp_path: Path) -> None:
     s = _settings(tmp_path, grace=0.5)
     with Journal(tmp_path / "j.db") as j:

@@ -85,7 +85,11 @@ class Circuits:
         self._waiting: dict[str, set[asyncio.Event]] = {}  # job id -> its follows' wake-ups
         self._follows: set[asyncio.Task[None]] = set()
         self._said: dict[str, str] = {}  # circuit -> the Slurm failure last told (told once, not each retry)
-        self._suspended: dict[str, set[str]] = {}  # circuit -> the jobs holdover suspended at its cut
+        # Several circuits out at once: a job with steps on two of them is told and followed once,
+        # and one suspended is resumed only when none of its circuits is out any more.
+        self._followed: set[str] = set()  # job ids told, their follow not ended
+        self._on: dict[str, set[str]] = {}  # job id -> the circuits out whose cut listed it
+        self._suspended: set[str] = set()  # job ids holdover suspended, not resumed yet
         self._batches: dict[str, tuple[list[str], asyncio.Future[set[str]]]] = {}  # circuit -> jobs saved, to act on
         self.journal = journal
 
@@ -122,6 +126,7 @@ class Circuits:
                 self._replace(c, self._cut(c, lost, power, waited))
             else:
                 self._out[c.name] = lost
+                self._from_journal(c)  # its jobs, for a circuit back meanwhile not to resume one still out here
                 self._follow_again(c, lost, drained[0], ended)
 
     def _follow_again(self, c: SlurmCircuit, lost: str, drained: Event, ended: list[Event]) -> None:
@@ -256,6 +261,12 @@ class Circuits:
         if todo:
             await self._retrying(c, f"draining {','.join(todo)}", self.slurm.drain, todo, reason)
         jobs = await self._retrying(c, f"listing the jobs on {c.nodes}", self.slurm.jobs_on, names)
+        for job in jobs:
+            self._on.setdefault(job.id, set()).add(c.name)
+        # Told already by another circuit's cut (a job across both), or saved and suspended: not twice.
+        already = sorted(j.id for j in jobs if j.id in self._followed or j.id in self._suspended)
+        jobs = [j for j in jobs if j.id not in already]
+        self._followed.update(j.id for j in jobs)  # before any await: a cut beside this one sees them taken
         by_signal: dict[str, list[Job]] = {}
         for job in jobs:
             by_signal.setdefault(self.s.signal_for(job.partition, job.name), []).append(job)
@@ -274,6 +285,8 @@ class Circuits:
                 if job.id in reached:
                     entry["at"] = round(at, 3)  # a restarted bridge follows it from here (start)
                     self._start_follow(c, job, at)
+                else:
+                    self._followed.discard(job.id)
                 (told if job.id in reached else failed).append(entry)
         self.raise_event(
             events.SLURM_DRAINED,
@@ -286,6 +299,7 @@ class Circuits:
                 "jobs": told,
                 "unsignalled": failed,
                 "jobs_told": len(told),
+                "already": already,
                 "cause": event.kind,
             },
         )
@@ -296,42 +310,76 @@ class Circuits:
         states = await self._retrying(c, f"reading {c.nodes}", self.slurm.nodes, names)
         ours = [n for n in names if states.get(n, ("", ""))[1].startswith(REASON_PREFIX)]
         kept = [{"node": n, "reason": states[n][1]} for n in names if n in states and n not in ours and states[n][1]]
-        jobs = await self._resume_jobs(c)
-        if not ours and not jobs:
+        jobs, held = await self._resume_jobs(c)
+        for cs in self._on.values():
+            cs.discard(c.name)
+        self._on = {j: cs for j, cs in self._on.items() if cs}
+        if not ours and not jobs and not held:
             return  # nothing of holdover's to undo (a restart may have missed the cut)
         if ours:
             await self._retrying(c, f"resuming {','.join(ours)}", self.slurm.resume, ours)
         self.raise_event(
             events.SLURM_RESUMED,
-            {"circuit": c.name, "nodes": ",".join(ours), "count": len(ours), "kept": kept, "jobs": jobs},
+            {
+                "circuit": c.name,
+                "nodes": ",".join(ours),
+                "count": len(ours),
+                "kept": kept,
+                "jobs": jobs,
+                "jobs_still_suspended": held,  # each with a step on a circuit still out
+            },
         )
 
-    async def _resume_jobs(self, c: SlurmCircuit) -> list[str]:
-        """The jobs holdover suspended at the circuit's last cut and still suspended, resumed: one
-        scontrol for them all. Known from this bridge's memory and, after a restart, its journal."""
-        ids = set(self._suspended.pop(c.name, ()))
-        if self.journal is not None:
-            try:
-                drained = self._journaled(c, events.SLURM_DRAINED, 0.0)[:1]
-                saved = self._journaled(c, events.SLURM_JOB_SAVED, drained[0].rx_ts) if drained else []
-            except (sqlite3.Error, OSError) as e:
-                log.error("circuit %s: the journal cannot be read (%s): only the jobs in memory resumed", c.name, e)
-                saved = []
-            ids |= {str(e.data["job"]) for e in saved if e.data.get("then") == THEN["suspend"]}
+    async def _resume_jobs(self, c: SlurmCircuit) -> tuple[list[str], list[str]]:
+        """The jobs holdover suspended with a step on this circuit and still suspended, resumed in one
+        scontrol, less those with a step on a circuit still out (resumed, their load would be back on
+        that UPS: they wait for its power). (resumed, still held)."""
+        self._from_journal(c)
+        ids = {j for j in self._suspended if c.name in self._on.get(j, ())}
+        out = set(self._out) - {c.name}
+        held = sorted(j for j in ids if self._on.get(j, set()) & out)
+        ids -= set(held)
         if not ids:
-            return []
+            return [], held
         ok, still = await self._call(c, "listing the jobs suspended", self.slurm.suspended, sorted(ids))
+        self._suspended -= ids - (still or set())  # resumed or ended by someone else: not ours to resume
         if not ok or not still:
-            return []
+            return [], held
         ok, _ = await self._call(c, f"resuming job(s) {','.join(sorted(still))}", self.slurm.resume_jobs, sorted(still))
-        return sorted(still) if ok else []
+        if ok:
+            self._suspended -= still
+        return (sorted(still) if ok else []), held
+
+    def _from_journal(self, c: SlurmCircuit) -> None:
+        """After a restart: the jobs this circuit's last drain listed, and which of them holdover
+        suspended (a day back at most: no UPS lasts longer), from the journal."""
+        if self.journal is None:
+            return
+        try:
+            drained = self._journaled(c, events.SLURM_DRAINED, 0.0)[:1]
+            if not drained:
+                return
+            found = self.journal.events(
+                sid=protocol.NODE, kinds=(events.SLURM_JOB_SAVED,), since=drained[0].rx_ts - 86400, limit=1000
+            )
+        except (sqlite3.Error, OSError) as e:
+            log.error("circuit %s: the journal cannot be read (%s): only the jobs in memory resumed", c.name, e)
+            return
+        data = drained[0].data
+        listed = {str(j["job"]) for j in data.get("jobs") or [] if isinstance(j, dict) and "job" in j}
+        listed |= {str(j) for j in data.get("already") or []}
+        for j in listed:
+            self._on.setdefault(j, set()).add(c.name)
+        self._suspended |= {str(e.data.get("job")) for e in found if e.data.get("then") == THEN["suspend"]} & listed
 
     # --- a signalled job, until every node has saved it -----------------------------------------
 
     def _start_follow(self, c: SlurmCircuit, job: Job, since: float) -> None:
+        self._followed.add(job.id)
         follow = asyncio.get_running_loop().create_task(self._follow(c, job, since))
         self._follows.add(follow)
         follow.add_done_callback(self._follows.discard)
+        follow.add_done_callback(lambda _t, j=job.id: self._followed.discard(j))
 
     def _saved(self, job: Job, nodes: list[str] | None, since: float) -> tuple[int | None, list[str]]:
         """The step every node of the job has a verified checkpoint of, made since `since`, or
@@ -374,7 +422,7 @@ class Circuits:
         return job in await asyncio.shield(batch[1])
 
     async def _act(self, c: SlurmCircuit, jobs: list[str], done: asyncio.Future[set[str]]) -> None:
-        fn = {"requeue": self.slurm.requeue, "hold": self.slurm.hold, "suspend": self.slurm.suspend}[self.s.then]
+        fn = getattr(self.slurm, self.s.then)  # Slurm.requeue, .hold or .suspend
         verb = {"requeue": "requeueing", "hold": "holding", "suspend": "suspending"}[self.s.then]
         acted: set[str] = set()
         try:
@@ -428,6 +476,6 @@ class Circuits:
         if not ok:
             then = f"not {then}: Slurm refused (see slurm_failed)"
         elif self.s.then == "suspend":
-            self._suspended.setdefault(c.name, set()).add(job.id)
+            self._suspended.add(job.id)
         count = len(nodes) if nodes is not None else job.count
         self.raise_event(events.SLURM_JOB_SAVED, {**data, "step": step, "count": count, "then": then})

@@ -11,6 +11,10 @@ save, because it alone knows its step and save times and it keeps the bound whil
 down. A run that fits again is told to drop it. Each change is a `save_cadence` event with the
 sentence `holdover doctor` also says.
 
+While a rescue saves, every bound is lifted: a run the plan left out would not finish a save before
+the deadline, and one begun by the clock would take the disk from the saves that can (a torn save
+is bandwidth lost). The bounds are told again once the rescue is over.
+
 The registration each rank publishes says the bound it holds, so a restarted bridge (or a restarted
 run) is told again only where the two disagree.
 """
@@ -34,6 +38,7 @@ from holdover.train.registry import Registration
 log = logging.getLogger("holdover.node.cadence")
 
 TELL_TIMEOUT_S = 2.0
+RESCUING = "while the rescue saves the others"
 
 
 def left_out(p: plan.Plan) -> dict[str, str]:
@@ -45,6 +50,8 @@ def left_out(p: plan.Plan) -> dict[str, str]:
 def sentence(name: str, answer: dict[str, Any], why: str) -> str:
     """What a bound means for a run, from the Guard's own answer (its save and step times)."""
     bound, every, save = answer.get("max_loss_s"), answer.get("every_s"), answer.get("save_s") or 0.0
+    if bound is None and why == RESCUING:
+        return f"{name}: its saves by the clock wait {RESCUING}: one would not finish, and takes their disk"
     if bound is None:
         return f"{name} fits the rescue plan again: its periodic saves are its own again"
     head = f"{name} {why}, so it saves at least every {duration(every)}"
@@ -66,10 +73,13 @@ class Cadence:
         protect: ProtectSettings,
         runtime: Callable[[float], Runtime],  # the UPS's runtime now, given the default when unread
         say: Callable[[str, dict[str, Any]], Any],
+        rescuing: Callable[[], bool] = lambda: False,  # a rescue is saving now
     ) -> None:
         self.protect = protect
         self.runtime = runtime
         self.say = say
+        self.rescuing = rescuing
+        self._wake = asyncio.Event()
         self.bound_s = protect.max_loss_min * 60.0
         self.refused: set[tuple[int, int]] = set()  # (pid, rank): a Guard too old for "bound", asked once
         self.said: dict[str, str] = {}  # run -> the last sentence said of it
@@ -79,7 +89,9 @@ class Cadence:
         self._task = asyncio.get_running_loop().create_task(self._every())
 
     def on_event(self, event: events.Event) -> None:
-        pass  # the plan is worked out on its own clock; a cut changes nothing a bound does
+        kind = events.kind(event.kind)
+        if kind.starts_rescue or kind.resolves is not None:
+            self._wake.set()  # a rescue may begin or end: its bounds lifted, or told again
 
     async def close(self) -> None:
         await events.cancel(self._task)
@@ -90,7 +102,9 @@ class Cadence:
                 await self.once()
             except Exception:  # a bad registration or socket must not end the loop for the rest
                 log.exception("the save cadence could not be set this round")
-            await asyncio.sleep(self.EVERY_S)
+            if await events.woken(self._wake, self.EVERY_S):
+                self._wake.clear()
+                await asyncio.sleep(1.0)  # the rescue's own start (or end) first: it sets what this reads
 
     async def once(self) -> dict[str, str]:
         """One round: each run told what it should hold, where its ranks hold something else; the
@@ -98,9 +112,11 @@ class Cadence:
         regs, _problems = registry.read_registrations(registry_dir(self.protect))
         live = [r for r in regs if registry.pid_alive(r.pid)]
         out = left_out(plan.for_node(self.protect, self.runtime(self.protect.runtime_default), regs=live))
+        if self.rescuing():
+            out = dict.fromkeys(out, RESCUING)
         said: dict[str, str] = {}
         for reg in live:
-            want = self.bound_s if reg.name in out else None
+            want = self.bound_s if reg.name in out and out[reg.name] != RESCUING else None
             held = reg.bound.get("max_loss_s") if reg.bound else None
             if held == want or (reg.pid, reg.rank) in self.refused:
                 continue

@@ -35,6 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from holdover import events, proc
@@ -86,6 +87,7 @@ class Rescuer:
         self._active: dict[int, asyncio.Task[None]] = {}
         self._deadline: dict[int, float] = {}
         self._critical: dict[int, bool] = {}
+        self._cut_at: dict[int, float] = {}  # rescue -> when its cut was raised (not known for one resumed)
         self._outage = False  # a power loss's rescue opened, and no source has said power is back
         self.grace_until: float | None = None  # epoch s: when the grace ends and saving starts
         self.asker = Asker(settings, self.ledger, self._raise)
@@ -159,6 +161,7 @@ class Rescuer:
         rid = self.ledger.open(event.id, event.sid, event.kind, deadline, critical)
         if rid is None:
             return  # this event already started a rescue (e.g. before a bridge restart)
+        self._cut_at[rid] = raised_at(event)
         log.warning(
             "%s from %s: emergency checkpoint of every run, deadline in %.0fs (%s, less a %.0f s margin)",
             event.kind,
@@ -365,10 +368,12 @@ class Rescuer:
         for final in ("verified", "rescued", "lost"):
             if final in done:
                 return final  # settled before a bridge restart
-        if not past:
-            self._raise(events.CHECKPOINT_STARTED, t, deadline_in_s=round(self._deadline[rid] - time.time()))
-        reserve = dump.estimate_gcore_seconds(t.pid, self.s.gcore_rate_mb_s) if self.s.gcore else 0.0
-        outcome = await self.asker.ask(rid, t, past, lambda: self._deadline[rid], reserve)
+        outcome = None if past else self._saved_since_cut(rid, t)
+        if outcome is None:
+            if not past:
+                self._raise(events.CHECKPOINT_STARTED, t, deadline_in_s=round(self._deadline[rid] - time.time()))
+            reserve = dump.estimate_gcore_seconds(t.pid, self.s.gcore_rate_mb_s) if self.s.gcore else 0.0
+            outcome = await self.asker.ask(rid, t, past, lambda: self._deadline[rid], reserve)
         if outcome is not None:
             directory, info = outcome
             try:
@@ -387,6 +392,7 @@ class Rescuer:
                     seconds=info.get("seconds"),
                     mb_s=round(mb_s, 1),
                     verify_seconds=round(vs, 3),
+                    **({"since_cut": True} if info.get("since_cut") else {}),
                 )
                 log.info(
                     "%s: checkpoint %s verified (%.1f MB in %.2fs)",
@@ -408,6 +414,18 @@ class Rescuer:
                 self.ledger.step(rid, t.key, t.pid, "verify_failed", error=str(e))
                 self._raise(events.CHECKPOINT_BAD, t, f"{t.name}: the emergency checkpoint does not verify: {e}")
         return await self._last_resort(rid, t)
+
+    def _saved_since_cut(self, rid: int, t: Target) -> tuple[Path, dict[str, Any]] | None:
+        """The run's checkpoint made since the cut began (Slurm's signal to its job, a person's
+        request): it answers this rescue. Asked again, the run would write the same state twice,
+        and one Slurm suspended since would never answer (bench/site_scale.py found a node's bridge
+        waiting 30 s on one, then calling it hung)."""
+        last = t.reg.last_save if t.reg is not None else None
+        cut = self._cut_at.get(rid)
+        if last is None or cut is None or last.at < cut:
+            return None
+        log.info("%s: saved at step %d since the cut (%s): not asked again", t.key, last.step, last.reason)
+        return Path(last.directory), {"seconds": last.seconds, "since_cut": True}
 
     async def _last_resort(self, rid: int, t: Target) -> str:
         out = self.s.rescue_dir / f"rescue-{rid}" / t.key.replace(":", "-").replace("/", "_")

@@ -122,10 +122,9 @@ class Guard:
             boundary_wait_s,
             log,
         )
-        # With a bridge on every node, one cut reaches the ranks as several requests some ms apart:
-        # the first that reaches this rank this soon after a save the ranks agreed on for another
-        # rank's request is the same cut (one save per cut). Only the first: a bridge asks each
-        # rank once a cut, so a second is the next cut (the bench's come 1.5 s apart).
+        # A bridge a node: one cut reaches the ranks as requests ms apart. The first to reach this rank
+        # this soon after a save agreed for another rank's is that cut's (one save a cut); only the
+        # first, as a bridge asks each rank once a cut: a second is the next cut.
         self.join_window_s = join_window_s
         self._agreed: tuple[int, float] | None = None  # (step, wall time) of such a save
         self.background = background  # periodic saves written behind the loop (background.py)
@@ -159,6 +158,7 @@ class Guard:
             log,
         )
         self._uncounted: int | None = None  # a background step whose job record waits for the next vote
+        self._quiet = False  # the registration not written until the job's record is (step_end)
         self.resumer = Resumer(
             self.name,
             self.root,
@@ -177,9 +177,7 @@ class Guard:
 
     def start(self) -> Guard:
         self.registry.mkdir(parents=True, exist_ok=True)
-        path = self.registry / (f"{self.name}.sock" if self.rank == 0 else f"{self.name}.rank{self.rank}.sock")
-        if len(str(path).encode()) > 100:  # sun_path is 108 bytes on Linux
-            path = Path(f"/tmp/holdover-{os.getpid()}.sock")
+        path = registry.socket_path(self.registry, self.name, self.rank)
         self._server = registry.RunServer(path, self.book.handle)
         self.reg.socket = str(path)
         if self.signum:
@@ -239,7 +237,8 @@ class Guard:
         if last is not None:
             self.reg.last_save, self.bound.save_s = last, last.seconds
         self.reg.bound = self.bound.as_dict() if self.bound.max_loss_s is not None else None
-        self._publish()
+        if not self._quiet:
+            self._publish()
 
     # --- requests -----------------------------------------------------------------------------------
 
@@ -291,22 +290,24 @@ class Guard:
             if decision >= EMERGENCY and not emergency:
                 self._agreed = (step, time.time())
             if self._uncounted is not None:
-                # Every rank is here at once (the vote): the background step is on disk or not by
-                # now on each, so the job's record of it is gathered (an emergency stops it first).
+                # The vote: every rank is here, so the background step's job record is gathered now.
                 self.saver.finish(cancel=decision >= EMERGENCY)
                 self.records.complete(self._uncounted)
                 self._uncounted = None
+            # Several ranks: registered once its job record is (a bridge hearing of the save may requeue the job).
+            self._quiet = self.world > 1
             with self._lock:
                 self._take(step, extra, pending, "emergency" if decision >= EMERGENCY else "periodic")
-            if self.world > 1:
+            if self._quiet:
                 bg = self.saver.current  # read once, as in _take
                 if bg is not None and bg.step == step:
                     self._uncounted = step
                 else:
                     self.records.complete(step)
+                self._quiet = False
+                self._publish()
             if decision == EXIT:
-                # One rank's bridge asked the run to stop after saving: every rank stops at this
-                # step, or the ones going on would wait in the next collective for the ones gone.
+                # A bridge asked to stop after saving: every rank stops here, or the others wait in the next collective.
                 self._stop = True
         self._last_step_end = time.monotonic()
         return self._stop

@@ -115,6 +115,13 @@ class Registration:
         return reg
 
 
+def socket_path(registry: Path, name: str, rank: int = 0) -> Path:
+    """Where a run's socket listens: beside its registration, or in /tmp when that path is too
+    long for a Unix socket (sun_path is 108 bytes on Linux)."""
+    path = registry / (f"{name}.sock" if rank == 0 else f"{name}.rank{rank}.sock")
+    return path if len(str(path).encode()) <= 100 else Path(f"/tmp/holdover-{os.getpid()}.sock")
+
+
 def registration_path(registry: Path, name: str, rank: int = 0) -> Path:
     return registry / (f"{name}.json" if rank == 0 else f"{name}.rank{rank}.json")
 
