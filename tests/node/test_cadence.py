@@ -6,8 +6,10 @@ own socket."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from holdover.node.cadence import Cadence
 from holdover.node.ups import Runtime
 from holdover.settings import ProtectSettings, Settings
 from holdover.train import registry
-from support import Toy, wait_for
+from support import HOLDOVER, Toy, wait_for
 
 
 def _protect(tmp: Path, minutes: float) -> ProtectSettings:
@@ -43,6 +45,19 @@ def test_a_run_that_cannot_fit_saves_by_the_clock_and_is_let_go_once_it_fits(tmp
         }
         saved = wait_for(lambda: (r := toy.registration()).last_save and r, 10, "a save by the clock")
         assert saved.bound is not None and saved.bound["max_loss_s"] == 0.6, saved.bound
+        # `holdover status` says it, from the run's own registration.
+        (tmp_path / "holdover.toml").write_text(
+            f'[journal]\npath = "{tmp_path}/j.db"\n[protect]\nregistry = "{tmp_path}/reg"\nmax_loss_min = 0.01\n'
+        )
+        cfg = ["--config", str(tmp_path / "holdover.toml")]
+        shown = subprocess.run([HOLDOVER, "status", *cfg], capture_output=True, text=True, timeout=60)
+        assert (
+            "vit is left out of the rescue plan, so it saves at least every 0 s: a cut loses at most 0 s"
+            in " ".join(shown.stdout.split())
+        ), shown.stdout + shown.stderr
+        as_json = subprocess.run([HOLDOVER, "status", "--json", *cfg], capture_output=True, text=True, timeout=60)
+        [run] = [r for r in json.loads(as_json.stdout)["runs"] if r["name"] == "vit"]
+        assert run["bound"]["max_loss_s"] == 0.6, run
         assert asyncio.run(cadence.once()) == {}  # it holds what it should: not told again
         # A rescue saving the others: the bound lifted, so no save by the clock takes their disk; then again.
         rescuing["now"] = True

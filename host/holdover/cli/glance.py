@@ -12,6 +12,7 @@ from rich.table import Table
 
 from holdover.cli.common import describe_job
 from holdover.events import duration
+from holdover.node import cadence
 from holdover.node.ups import UpsReading
 
 
@@ -65,6 +66,8 @@ def show(st: dict[str, Any], reading: UpsReading | None, problem: str | None) ->
     for r in st["runs"]:
         if line := describe_job(r):
             out.print(f"{escape(r['name'])}: {escape(line)}", soft_wrap=True)
+        if r.get("bound"):  # the rescue plan cannot save it: it saves by the clock (node/cadence.py)
+            out.print(escape(cadence.sentence(r["name"], r["bound"], "is left out of the rescue plan")), soft_wrap=True)
     plan = st["plan"]
     colour = "yellow" if plan["cannot"] else "green"
     out.print(f"rescue plan: [{colour}]{escape(plan['sentence'])}[/{colour}]", soft_wrap=True)
