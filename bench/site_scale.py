@@ -28,9 +28,8 @@ its board would send them): every job told once (a job across both circuits is s
 circuit's cut only), saved, suspended once, and resumed when both are back. And what the broker keeps
 retained at the end (a new subscriber to # gets it all): messages and bytes, by kind.
 
-Not here: "requeue" is the same path as "suspend" (one
-scontrol for the jobs saved within 0.2 s), not timed apart: a requeued job would not run again
-for the next cut.
+Last, one cut with the controller's bridge restarted with then = "requeue" (a requeued job does not
+run again for a next cut): until every job on rackA is saved and requeued, and pending in Slurm.
 
     .venv/bin/python bench/site_scale.py [--sizes 2,8,16,32] [--cuts 5] [--smoke]
 """
@@ -247,10 +246,10 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
             jobs: dict[str, list[str]] = {}
             for k, p in enumerate(pairs):
                 names = [f"n{i}" for i in p]
-                env = f"ALL,MASTER_ADDR={nodes[names[0]]},MASTER_PORT={29500 + k},GLOO_SOCKET_IFNAME=eth0"
+                export = f"ALL,MASTER_ADDR={nodes[names[0]]},MASTER_PORT={29500 + k},GLOO_SOCKET_IFNAME=eth0"
                 task = TASK.format(dir=sig, work=work, run=PAIR)
                 job = lab.run(
-                    "sbatch", "--parsable", "-N2", "-w", ",".join(names), "-o", "/dev/null", "--export", env,
+                    "sbatch", "--parsable", "-N2", "-w", ",".join(names), "-o", "/dev/null", "--export", export,
                     "--wrap", task,
                 )  # fmt: skip
                 jobs[job.strip()] = names
@@ -350,6 +349,7 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
             out["cpu_ctl"] = cpu["controller"]
             out["cpu_node"] = statistics.median(v for k, v in cpu.items() if k != "controller")
             out["lab_up_s"] = up_s
+            out["requeue"] = requeue_cut(rig, procs, env, work, cut_jobs, journal, lab)
         except BaseException:
             for name in ("ctl", *list(nodes)[:1]):  # what the bridges said, so a failure names its cause
                 err = work / f"{name}.err"
@@ -425,6 +425,48 @@ def both(rig: Rig, quiet: dict[str, str], lab: SlurmLab, jobs: dict[str, list[st
         board.close()
 
 
+def requeue_cut(
+    rig: Rig,
+    procs: dict[str, subprocess.Popen[bytes]],
+    env: dict[str, str],
+    work: Path,
+    cut_jobs: set[str],
+    journal: Path,
+    lab: SlurmLab,
+) -> dict[str, Any]:
+    """One last cut, the controller's bridge restarted with [slurm] then = "requeue" (a requeued job
+    does not run again for a next cut): until every job on rackA is saved at one step and requeued,
+    and until Slurm lists them pending."""
+    procs["controller"].terminate()
+    procs["controller"].wait(15)
+    rig.bridge_extra["slurm"]["then"] = "requeue"
+    err = work / "ctl-requeue.err"
+    procs["controller"] = bridge(rig.dir / "holdover.toml", rig.bridge_config(), err, env)
+    wait("the controller's bridge back", lambda: "connected to broker" in err.read_text(), 60)
+    time.sleep(1.0)  # its subscriptions: the nodes' retained states, which it follows the jobs by
+    saved0, resumed0 = len(events(journal, "slurm_job_saved")), len(events(journal, "slurm_resumed"))
+    t0 = time.time()
+    rig.control.send(mains=False)
+
+    def saved() -> list[Any] | None:
+        n = events(journal, "slurm_job_saved")[saved0:]
+        return n if {e.data["job"] for e in n} >= cut_jobs else None
+
+    new = wait("every job on rackA saved and requeued", saved, 60)
+    got: dict[str, Any] = {"saved": max(e.rx_ts for e in new) - t0}
+    got["not_requeued"] = sum(e.data["then"] != "requeued" for e in new)
+
+    def pending() -> bool:
+        out = lab.run("squeue", "-h", "-t", "PENDING", "-o", "%i").split()
+        return set(out) >= cut_jobs
+
+    wait("every requeued job pending", pending, 30)
+    got["pending"] = time.time() - t0
+    rig.control.send(mains=True)
+    wait("slurm_resumed", lambda: len(events(journal, "slurm_resumed")) > resumed0, 30)
+    return got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="2,8,16,32", help="site sizes, nodes")
@@ -464,6 +506,8 @@ def main() -> int:
                 f"{sum(sum(v) for v in r.values()) / 1024:.1f} KiB ("
                 + ", ".join(f"{k} {len(v)} x {statistics.mean(v):.0f} B" for k, v in sorted(r.items()))
                 + ")\n"
+                f'    then = "requeue" (a last cut): every job saved and requeued {got["requeue"]["saved"]:.2f} s, '
+                f"all pending in Slurm {got['requeue']['pending']:.2f} s ({got['requeue']['not_requeued']} not)\n"
                 f"    bridges: controller {got['rss_ctl_mb']:.0f} MB, {got['cpu_ctl'] * 100:.1f} % CPU; "
                 f"a node's at most {got['rss_node_mb']:.0f} MB, median {got['cpu_node'] * 100:.1f} % CPU",
                 flush=True,
@@ -480,6 +524,9 @@ def main() -> int:
         f"Slurm commands a cut: {', '.join(f'{c:.0f}' for c in cmds)} for {told} jobs told (goal: flat)",
         f"alerts at a site's first cut: {alerts}, said twice by two bridges: {twice} (goal: once for the site)",
         f"a node's bridge at most {max(r['rss_node_mb'] for r in rows):.0f} MB resident (goal < 80 MB)",
+        "then = requeue, a last cut: saved and requeued "
+        + ", ".join(f"{r['requeue']['saved']:.2f}" for r in rows)
+        + " s; "
         f"cut -> every job saved at one step and suspended p50 {saved} s; "
         f"not suspended {sum(r['not_suspended'] for r in rows)}, not resumed {sum(r['not_resumed'] for r in rows)}",
     ]
