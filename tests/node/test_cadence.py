@@ -59,11 +59,11 @@ def test_a_run_that_cannot_fit_saves_by_the_clock_and_is_let_go_once_it_fits(tmp
         [run] = [r for r in json.loads(as_json.stdout)["runs"] if r["name"] == "vit"]
         assert run["bound"]["max_loss_s"] == 0.6, run
         assert asyncio.run(cadence.once()) == {}  # it holds what it should: not told again
-        # A rescue saving the others: the bound lifted, so no save by the clock takes their disk; then again.
+        # A cut on: the bound lifted, so no save by the clock takes the disk from the rescue; then again.
         rescuing["now"] = True
         assert asyncio.run(cadence.once()) == {
-            "vit": "vit: its saves by the clock wait while the rescue saves the others: one would not finish, "
-            "and takes their disk"
+            "vit": "vit: its saves by the clock wait while the power is out: one would not finish, "
+            "and takes the others' disk"
         }
         wait_for(lambda: toy.registration().bound is None, 10, "the bound lifted for the rescue")
         rescuing["now"] = False
@@ -126,3 +126,36 @@ def test_the_bridge_keeps_the_cadence_only_when_max_loss_min_is_set(tmp_path: Pa
     assert "Cadence" not in reactions()
     assert "Cadence" in reactions(max_loss_min=30)
     assert "Cadence" not in reactions(max_loss_min=30, enabled=False)
+
+
+def test_the_bounds_wait_from_a_cuts_grace_until_the_power_is_back(tmp_path: Path) -> None:
+    """What the bridge hands the cadence as `rescuing`: a cut in its grace, a rescue saving, and one
+    that ran with the power still out all count; power back ends it."""
+    from holdover.firmware import protocol
+    from holdover.journal import Journal
+    from holdover.node.rescue import Rescuer
+
+    seq = iter(range(1, 100))
+
+    async def outage(j: Journal) -> list[bool]:
+        r = Rescuer(_protect(tmp_path, 30).model_copy(update={"grace": 0.3}), j)
+        seen = [r.in_outage()]
+
+        def said(kind: str) -> None:
+            body = {"sid": "s1", "boot": "b00t", "seq": next(seq), "kind": kind, "ms": 0, "ts": None, "data": {}}
+            ev = j.accept("mqtt", body)
+            assert ev is not None
+            r.on_event(ev)
+
+        said(protocol.MAINS_LOST)
+        seen.append(r.in_outage())  # in its grace
+        await asyncio.sleep(0.6)
+        await r.wait_idle()  # the rescue ran (nothing to save): the power is still out
+        seen.append(r.in_outage())
+        said(protocol.MAINS_RESTORED)
+        seen.append(r.in_outage())
+        await r.close()
+        return seen
+
+    with Journal(tmp_path / "j.db") as j:
+        assert asyncio.run(outage(j)) == [False, True, True, False]

@@ -99,8 +99,7 @@ class Bridge:
         # Every accepted event goes to each of these, in order; a new capability appends itself.
         self.reactions: list[Reaction] = [self.hooks, self.rescuer, self.alerts]
         if self.settings.protect.enabled and self.settings.protect.max_loss_min:
-            rescuing = lambda: bool(self.rescuer.view()["active"])  # noqa: E731
-            self.reactions.append(Cadence(self.settings.protect, runtime, self.node_event, rescuing))
+            self.reactions.append(Cadence(self.settings.protect, runtime, self.node_event, self.rescuer.in_outage))
         if self.ups is not None:
             self.reactions.append(self.ups)
         if self.settings.nut_server.serve:

@@ -11,9 +11,10 @@ save, because it alone knows its step and save times and it keeps the bound whil
 down. A run that fits again is told to drop it. Each change is a `save_cadence` event with the
 sentence `holdover doctor` also says.
 
-While a rescue saves, every bound is lifted: a run the plan left out would not finish a save before
-the deadline, and one begun by the clock would take the disk from the saves that can (a torn save
-is bandwidth lost). The bounds are told again once the rescue is over.
+From a cut (its grace included) until the power is back, every bound is lifted: a run the plan left
+out would not finish a save before the deadline, and one begun by the clock would take the disk and
+the UPS's time from the saves that can (a torn save is bandwidth lost). The bounds are told again
+once the power is back.
 
 The registration each rank publishes says the bound it holds, so a restarted bridge (or a restarted
 run) is told again only where the two disagree.
@@ -38,7 +39,7 @@ from holdover.train.registry import Registration
 log = logging.getLogger("holdover.node.cadence")
 
 TELL_TIMEOUT_S = 2.0
-RESCUING = "while the rescue saves the others"
+RESCUING = "while the power is out"
 
 
 def left_out(p: plan.Plan) -> dict[str, str]:
@@ -51,7 +52,7 @@ def sentence(name: str, answer: dict[str, Any], why: str) -> str:
     """What a bound means for a run, from the Guard's own answer (its save and step times)."""
     bound, every, save = answer.get("max_loss_s"), answer.get("every_s"), answer.get("save_s") or 0.0
     if bound is None and why == RESCUING:
-        return f"{name}: its saves by the clock wait {RESCUING}: one would not finish, and takes their disk"
+        return f"{name}: its saves by the clock wait {RESCUING}: one would not finish, and takes the others' disk"
     if bound is None:
         return f"{name} fits the rescue plan again: its periodic saves are its own again"
     head = f"{name} {why}, so it saves at least every {duration(every)}"
@@ -73,7 +74,7 @@ class Cadence:
         protect: ProtectSettings,
         runtime: Callable[[float], Runtime],  # the UPS's runtime now, given the default when unread
         say: Callable[[str, dict[str, Any]], Any],
-        rescuing: Callable[[], bool] = lambda: False,  # a rescue is saving now
+        rescuing: Callable[[], bool] = lambda: False,  # a cut is on: in its grace, saving, or not over
     ) -> None:
         self.protect = protect
         self.runtime = runtime
@@ -91,7 +92,7 @@ class Cadence:
     def on_event(self, event: events.Event) -> None:
         kind = events.kind(event.kind)
         if kind.starts_rescue or kind.resolves is not None:
-            self._wake.set()  # a rescue may begin or end: its bounds lifted, or told again
+            self._wake.set()  # a cut may begin or end: the bounds lifted, or told again
 
     async def close(self) -> None:
         await events.cancel(self._task)
@@ -104,7 +105,7 @@ class Cadence:
                 log.exception("the save cadence could not be set this round")
             if await events.woken(self._wake, self.EVERY_S):
                 self._wake.clear()
-                await asyncio.sleep(1.0)  # the rescue's own start (or end) first: it sets what this reads
+                await asyncio.sleep(0.1)  # the rescue takes the event first: it sets what this reads
 
     async def once(self) -> dict[str, str]:
         """One round: each run told what it should hold, where its ranks hold something else; the

@@ -222,6 +222,10 @@ class Rescuer:
             n += 1
         return n
 
+    def in_outage(self) -> bool:
+        """A cut in its grace, a rescue saving, or one that ran and the power not back yet."""
+        return bool(self._active) or self.grace_until is not None or self._outage
+
     def view(self) -> dict[str, Any]:
         """What the rescue is doing now: the grace's end, the rescues running, each run's save."""
         return {
