@@ -169,6 +169,23 @@ def events(journal: Path, kind: str) -> list[Any]:
         return []
 
 
+def told(sig: Path, tasks: set[tuple[str, str]], t0: float) -> float | None:
+    """Seconds from t0 to the last of these (job, node) tasks' traps, once every one has fired."""
+    times = {}
+    for f in sig.glob("sig-*"):
+        text = f.read_text().strip()
+        if text:  # written, not only opened
+            _, job, node = f.name.split("-", 2)
+            times[(job, node)] = float(text)
+    return max(times.values()) - t0 if set(times) >= tasks else None
+
+
+def saved(journal: Path, since: int, jobs: set[str]) -> list[Any] | None:
+    """The slurm_job_saved events after the first `since`, once they name every one of these jobs."""
+    new = events(journal, "slurm_job_saved")[since:]
+    return new if {e.data["job"] for e in new} >= jobs else None
+
+
 def bridge(config: Path, cfg: dict[str, Any], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     config.write_text(tomli_w.dumps(cfg))
     return subprocess.Popen(
@@ -288,16 +305,7 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 t0 = time.time()
                 rig.control.send(mains=False)
 
-                def told(t0: float = t0) -> float | None:
-                    times = {}
-                    for f in sig.glob("sig-*"):
-                        text = f.read_text().strip()
-                        if text:
-                            _, job, node = f.name.split("-", 2)
-                            times[(job, node)] = float(text)
-                    return max(times.values()) - t0 if set(times) >= on_a else None
-
-                out["told"].append(wait("every task on rackA told", told, 60))
+                out["told"].append(wait("every task on rackA told", lambda t0=t0: told(sig, on_a, t0), 60))
                 wait("slurm_drained", lambda d=drained0: len(events(journal, "slurm_drained")) > d, 30)
                 drained = events(journal, "slurm_drained")[-1]
                 out["drained"].append(drained.rx_ts - t0)
@@ -306,11 +314,7 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 out["first_call"].append(float(first[0].split()[0]) - t0 if first else float("nan"))
                 out["jobs_told"] = drained.data["jobs_told"]
 
-                def saved(s0: int = saved0) -> list[Any] | None:
-                    new = events(journal, "slurm_job_saved")[s0:]
-                    return new if {e.data["job"] for e in new} >= cut_jobs else None
-
-                new = wait("every job on rackA saved and suspended", saved, 60)
+                new = wait("every job on rackA saved and suspended", lambda s0=saved0: saved(journal, s0, cut_jobs), 60)
                 out["saved"].append(max(e.rx_ts for e in new) - t0)
                 out["not_suspended"] += sum(e.data["then"] != "suspended" for e in new)
                 t1 = time.time()
@@ -391,17 +395,8 @@ def both(rig: Rig, quiet: dict[str, str], lab: SlurmLab, jobs: dict[str, list[st
         rig.control.send(mains=False)
         board.send(protocol.MAINS_LOST)
 
-        def told() -> float | None:
-            times = {tuple(f.name.split("-", 2)[1:]): float(f.read_text() or 0) for f in sig.glob("sig-*")}
-            return max(times.values()) - t0 if set(times) >= everywhere and all(times.values()) else None
-
-        got: dict[str, Any] = {"told": wait("every task of both circuits told", told, 60)}
-
-        def saved() -> list[Any] | None:
-            n = events(journal, "slurm_job_saved")[saved0:]
-            return n if {e.data["job"] for e in n} >= set(jobs) else None
-
-        new = wait("every job saved and suspended", saved, 60)
+        got: dict[str, Any] = {"told": wait("every task of both circuits told", lambda: told(sig, everywhere, t0), 60)}
+        new = wait("every job saved and suspended", lambda: saved(journal, saved0, set(jobs)), 60)
         got["saved"] = max(e.rx_ts for e in new) - t0
         got["saved_events"], got["suspended"] = len(new), sum(e.data["then"] == "suspended" for e in new)
         cmds = calls(log, t0, time.time())
@@ -448,11 +443,7 @@ def requeue_cut(
     t0 = time.time()
     rig.control.send(mains=False)
 
-    def saved() -> list[Any] | None:
-        n = events(journal, "slurm_job_saved")[saved0:]
-        return n if {e.data["job"] for e in n} >= cut_jobs else None
-
-    new = wait("every job on rackA saved and requeued", saved, 60)
+    new = wait("every job on rackA saved and requeued", lambda: saved(journal, saved0, cut_jobs), 60)
     got: dict[str, Any] = {"saved": max(e.rx_ts for e in new) - t0}
     got["not_requeued"] = sum(e.data["then"] != "requeued" for e in new)
 

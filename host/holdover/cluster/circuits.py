@@ -119,6 +119,7 @@ class Circuits:
                 continue
             waited = max(0.0, time.time() - power.rx_ts)
             if not lost:
+                self._from_journal(c)  # the jobs it suspended, which power back resumes
                 self._replace(c, self._back(c, waited))
             elif not drained:
                 log.info("circuit %s: a cut still open at start (%s): handled from here", c.name, lost)
@@ -334,7 +335,6 @@ class Circuits:
         """The jobs holdover suspended with a step on this circuit and still suspended, resumed in one
         scontrol, less those with a step on a circuit still out (resumed, their load would be back on
         that UPS: they wait for its power). (resumed, still held)."""
-        self._from_journal(c)
         ids = {j for j in self._suspended if c.name in self._on.get(j, ())}
         out = set(self._out) - {c.name}
         held = sorted(j for j in ids if self._on.get(j, set()) & out)
@@ -351,8 +351,10 @@ class Circuits:
         return (sorted(still) if ok else []), held
 
     def _from_journal(self, c: SlurmCircuit) -> None:
-        """After a restart: the jobs this circuit's last drain listed, and which of them holdover
-        suspended (a day back at most: no UPS lasts longer), from the journal."""
+        """At start, what a previous bridge knew: the jobs this circuit's last drain listed, and which
+        of them holdover suspended (a day back at most: no UPS lasts longer), from the journal. Read
+        only then: afterwards this bridge's own memory is the record, and an older cut's suspension
+        must not make it resume a job someone else suspended since."""
         if self.journal is None:
             return
         try:

@@ -161,10 +161,10 @@ def for_node(
     """The plan for the runs protected on this node now (or these live registrations), against the
     runtime the rescue would take."""
     if regs is None:
-        regs, _problems = registry.read_registrations(registry_dir(protect))
-    live = [r for r in regs if registry.pid_alive(r.pid)]
+        found, _problems = registry.read_registrations(registry_dir(protect))
+        regs = [r for r in found if registry.pid_alive(r.pid)]
     ceiling = protect.disk_mb_s * 1e6 or None
-    p = plan(costs(live, now), rt.seconds, rt.said, rt.guess, protect.margin, protect.grace, ceiling)
+    p = plan(costs(regs, now), rt.seconds, rt.said, rt.guess, protect.margin, protect.grace, ceiling)
     p.load_w, p.rank_w, p.shed = rt.load_w, protect.rank_watts, protect.shed
     return p
 
