@@ -31,12 +31,22 @@ runs' age at the cut times their ranks, of those verified in time), torn saves (
 verified by the deadline: a power loss then leaves them half written). The same with a runtime
 that fits everything (`--over` below 1): there the plan must save what all-at-once saves.
 
-Not here: a UPS that reports its own runtime (the model stands in for NUT's dummy-ups; no watts are
-measured, a run's draw is the figure given) and a cut on the emulated sentinel; the rescue is driven
-from its journaled event, as tests/node/test_rescue.py drives it.
+Those cuts are driven from a journaled event, as tests/node/test_rescue.py drives them, and the
+UPS's runtime is handed to the Rescuer to the millisecond. `--chain` cuts through the whole chain
+instead: the emulated sentinel (the firmware on MicroPython) has its mains pin cut, and the same
+load model is the UPS that NUT serves: dummy-ups reads the file the model writes (battery.runtime in
+whole seconds, as UPSes report it, and ups.load in percent of --ups-w), upsd serves it, and a bridge
+as `holdover bridge` runs it (MQTT from the sentinel through Mosquitto, [ups] nut read every 0.2 s,
+this mode's [protect]) hears both and rescues. Its states are larger (a runtime of a few seconds,
+which whole seconds can say), one cut a mode, and a run counts as kept when verified before the
+model's UPS ran out. It also says how long after the cut the rescue opened and on whose word, and
+how far its deadline was from the UPS's real end (what [protect] margin must cover). No watts are
+measured anywhere: a run's draw is the figure given.
 
     .venv/bin/python bench/rescue_plan.py [--mb 600,400,250,150] [--rounds 3] [--over 1.7] [--age 8]
         [--base-w 200] [--rank-w 300] [--smoke]
+    .venv/bin/python bench/rescue_plan.py --chain [--mb 3000,2000,1400,800] [--rounds 2] [--ups-w 2000] [--margin 1]
+        [--chain-modes "all at once,plan,oracle,plan + shed"]
 """
 
 from __future__ import annotations
@@ -54,11 +64,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from common import parse, wait
 
+from holdover import events
 from holdover.firmware import protocol
 from holdover.journal import Journal
 from holdover.node import plan
@@ -69,6 +81,11 @@ from holdover.settings import ProtectSettings
 from holdover.train import ckpt, registry
 
 MARGIN_S = 0.0  # the deadline is the budget itself: the bench sets the runtime to it
+MODES = ("all at once", "plan", "oracle", "plan + shed")
+IN_PROCESS_MB = "600,400,250,150"
+# Through NUT the runtime is whole seconds: states large enough for a runtime of about 8 s on this
+# disk (about 550 MB/s together; 13 GB of memory while they save).
+CHAIN_MB = "3000,2000,1400,800"
 
 
 def start_runs(where: Path, sizes: list[int]) -> list[tuple[str, subprocess.Popen[str]]]:
@@ -111,14 +128,22 @@ async def save_all(where: Path, names: list[str]) -> float:
     return time.monotonic() - t0
 
 
-class LoadUps:
-    """A UPS whose runtime follows its load: energy left over the load of the moment."""
+Publish = Callable[[str, float, float], None]  # status, runtime left (s), load (W): what a UPS reports
 
-    def __init__(self, runtime_s: float, base_w: float, rank_w: float, pids: list[int]) -> None:
+
+class LoadUps:
+    """A UPS whose runtime follows its load: energy left over the load of the moment. On battery
+    from the moment it is made; `publish`, when given, hears each change as a UPS would report it."""
+
+    def __init__(
+        self, runtime_s: float, base_w: float, rank_w: float, pids: list[int], publish: Publish | None = None
+    ) -> None:
         self.base_w, self.rank_w, self.pids = base_w, rank_w, pids
         self.load0 = self.load()
         self.energy = runtime_s * self.load0  # J
         self.died_at: float | None = None
+        self.publish = publish or (lambda _status, _left, _load: None)
+        self.publish("OB DISCHRG", runtime_s, self.load0)
         self._stop = threading.Event()
         self._last = time.time()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -135,6 +160,7 @@ class LoadUps:
             self._last = now
             if self.energy <= 0 and self.died_at is None:
                 self.died_at = now + self.energy / load  # the moment it ran out within the tick
+            self.publish("OB DISCHRG LB" if self.energy <= 0 else "OB DISCHRG", max(self.energy, 0.0) / load, load)
 
     def runtime(self, _default: float) -> Runtime:
         left = max(self.energy, 0.0) / self.load()
@@ -183,36 +209,57 @@ async def _status(sock: str) -> dict[str, Any]:
 Load = tuple[float, float, list[int]]  # the box's watts, a run's, the runs' pids
 
 
-def cut(where: Path, mode: str, budget: float, oracle: dict[str, float], ceiling: float, load: Load) -> dict[str, Any]:
-    """One cut through the bridge's Rescuer; what it kept by the deadline (the UPS's end with shedding)."""
+def protect(where: Path, mode: str, ceiling: float, rank_w: float, margin: float) -> dict[str, Any]:
+    """[protect] for a mode, as a user would write it."""
+    return {
+        "registry": str(where / "reg"),
+        "rescue_dir": str(where / "rescue"),
+        "grace": 0,
+        "margin": margin,
+        "hang_after": 600,
+        "gcore": False,
+        "plan": mode != "all at once",
+        "disk_mb_s": ceiling / 1e6,  # as measured below, as a user would set it from fio
+        "shed": mode == "plan + shed",
+        "rank_watts": rank_w,
+    }
+
+
+def prepare(where: Path, mode: str, budget: float, oracle: dict[str, float], ceiling: float, load: Load, margin: float):
+    """Before a cut: the oracle's registrations, the model's forecast with shedding, each run's age."""
     if mode == "oracle":
         for name, took in oracle.items():  # every save's true time known in advance: the plan reads these
             reg = reg_of(where, name)
             assert reg.last_save is not None
             reg.last_save.seconds = took - reg.last_save.nbytes / (plan.VERIFY_MB_S * 1e6)
             registry.write_registration(where / "reg", reg)
-    s = ProtectSettings.model_validate(
-        {
-            "registry": where / "reg",
-            "rescue_dir": where / "rescue",
-            "grace": 0,
-            "margin": MARGIN_S,
-            "hang_after": 600,
-            "gcore": False,
-            "plan": mode != "all at once",
-            "disk_mb_s": ceiling / 1e6,  # as measured below, as a user would set it from fio
-            "shed": mode == "plan + shed",
-            "rank_watts": load[1],
-        }
-    )
-    runtime = Runtime(budget, f"a UPS of {budget:.1f} s (the bench's)", False, True)
     forecast = None
     if mode == "plan + shed":
         regs = [reg_of(where, n) for n in oracle]
-        p = plan.plan(plan.costs(regs), budget, "the model", False, MARGIN_S, 0.0, ceiling)
+        p = plan.plan(plan.costs(regs), budget, "the model", False, margin, 0.0, ceiling)
         p.load_w, p.rank_w, p.shed = load[0] + load[1] * len(load[2]), load[1], True
         forecast = p.shed_runtime_s
     ages = {n: time.time() - reg_of(where, n).last_save.at for n in oracle}  # type: ignore[union-attr]
+    return forecast, ages
+
+
+def outcome(steps: list[dict[str, Any]], ages: dict[str, float], until: float) -> dict[str, Any]:
+    """What a cut kept: the runs verified by `until` (the deadline, or the UPS's end)."""
+    verified = {x["target"].split(":")[0] for x in steps if x["action"] == "verified" and x["ts"] <= until}
+    asked = {x["target"].split(":")[0] for x in steps if x["action"] == "requested"}
+    return {
+        "verified": len(verified),
+        "kept_s": sum(ages[n] for n in verified),  # one rank each: compute = age
+        "torn": len(asked - verified),
+        "which": sorted(verified),
+    }
+
+
+def cut(where: Path, mode: str, budget: float, oracle: dict[str, float], ceiling: float, load: Load) -> dict[str, Any]:
+    """One cut through the bridge's Rescuer; what it kept by the deadline (the UPS's end with shedding)."""
+    forecast, ages = prepare(where, mode, budget, oracle, ceiling, load, MARGIN_S)
+    s = ProtectSettings.model_validate(protect(where, mode, ceiling, load[1], MARGIN_S))
+    runtime = Runtime(budget, f"a UPS of {budget:.1f} s (the bench's)", False, True)
     db = where / f"journal-{time.monotonic_ns()}.db"
     with Journal(db) as j:
         body = {"sid": "s1", "boot": "b00t", "seq": 1, "kind": protocol.MAINS_LOST, "ms": 0, "ts": None, "data": {}}
@@ -239,30 +286,171 @@ def cut(where: Path, mode: str, budget: float, oracle: dict[str, float], ceiling
         [rescue] = RescueLedger(j).rescues()
         steps = RescueLedger(j).steps()
     deadline = rescue["deadline"] if ups is None else cut_at + out["lived"]
-    verified = {x["target"].split(":")[0] for x in steps if x["action"] == "verified" and x["ts"] <= deadline}
-    asked = {x["target"].split(":")[0] for x in steps if x["action"] == "requested"}
     db.unlink()
+    return {**outcome(steps, ages, deadline), **out}
+
+
+def nut_publisher(server: Any, name: str, watts: float) -> Publish:
+    """What the model says, written as NUT's dummy-ups serves a UPS: whole seconds (as UPSes report
+    battery.runtime), the load in percent of the rated watts; a file written only when it changes."""
+    last: dict[str, str] = {}
+
+    def publish(status: str, left: float, load_w: float) -> None:
+        found = {"ups.status": status, "battery.runtime": str(int(left)), "ups.load": str(round(100 * load_w / watts))}
+        if found != last:
+            last.update(found)
+            server.set(name, **found)
+
+    return publish
+
+
+def chain_cut(
+    rig: Any,
+    server: Any,
+    where: Path,
+    mode: str,
+    budget: float,
+    oracle: dict[str, float],
+    ceiling: float,
+    args: Any,
+    pids: list[int],
+) -> dict[str, Any]:
+    """One cut on the emulated sentinel's mains pin, with the model's UPS served by NUT: a bridge as
+    `holdover bridge` runs it, with this mode's [protect], hears both and rescues."""
+    from holdover import settings as settings_mod
+
+    load: Load = (args.base_w, args.rank_w, pids)
+    forecast, ages = prepare(where, mode, budget, oracle, ceiling, load, args.margin)
+    rig.protect = protect(where, mode, ceiling, args.rank_w, args.margin)
+    if rig.bridge is not None:
+        rig.bridge.stop()
+    _fw, cfg = rig.write_configs()
+    rig.start_bridge(settings_mod.load(cfg))
+    bridge = rig.bridge.bridge
+    wait(
+        "the bridge connected and reading the UPS",
+        lambda: bridge.link and bridge.link.connected.is_set() and bridge.ups.latest,
+        30,
+    )
+    time.sleep(0.5)  # its subscriptions answered: the sentinel's retained state heard
+    journal = rig.dir / "journal.db"
+
+    def online() -> bool:
+        with Journal(journal, readonly=True) as j:
+            return j.status(rig.sid) == protocol.ONLINE
+
+    wait("the sentinel online", online, 60)
+    with Journal(journal, readonly=True) as j:
+        before = len(RescueLedger(j).rescues())
+    ups = LoadUps(budget, *load, publish=nut_publisher(server, "hostups", args.ups_w))
+    cut_at = time.time()
+    rig.control.send(mains=False)
+
+    def finished() -> dict[str, Any] | None:
+        with Journal(journal, readonly=True) as j:
+            done = RescueLedger(j).rescues()[before:]
+            return done[0] if done and done[0]["state"] == "finished" else None
+
+    rescue = wait("the rescue finished", finished, budget * 4 + 120)
+    lived = ups.lifetime(cut_at)
+    rig.control.send(mains=True)
+    server.set("hostups", **{"ups.status": "OL", "battery.runtime": str(int(budget)), "ups.load": "0"})
+    wait("every run training again", lambda: not any(_stopped(p) for p in load[2]), 60)
+    with Journal(journal, readonly=True) as j:
+        steps = RescueLedger(j).steps(rescue["id"])
+        heard = {
+            e.kind: e.rx_ts - cut_at for e in j.events(kinds=(protocol.MAINS_LOST, events.UPS_ON_BATTERY), since=cut_at)
+        }
+    got = outcome(steps, ages, cut_at + lived)
     return {
-        "verified": len(verified),
-        "kept_s": sum(ages[n] for n in verified),  # one rank each: compute = age
-        "torn": len(asked - verified),
-        "which": sorted(verified),
-        **out,
+        **got,
+        "lived": lived,
+        "forecast": forecast,
+        "opened_s": rescue["started"] - cut_at,  # the cut heard: the sentinel's debounce, or NUT's poll
+        "by": rescue["reason"],
+        "sentinel_s": heard.get(protocol.MAINS_LOST),
+        "nut_s": heard.get(events.UPS_ON_BATTERY),
+        "over_s": rescue["deadline"] - (cut_at + lived),  # the deadline past the UPS's end: what margin is for
     }
+
+
+def _s(x: float | None) -> str:
+    return "not by the rescue's end" if x is None else f"{x:.2f} s"
+
+
+def chain(
+    args: Any, where: Path, runs: list[tuple[str, Any]], oracle: dict[str, float], together: float, ceiling: float
+) -> list[str]:
+    """The four modes through the whole chain, the UPS's runtime long enough for whole seconds."""
+    from holdover.lab import nut
+    from holdover.lab.rig import Rig
+
+    # NUT's whole seconds: under 3 s a runtime would be mostly its rounding (the smoke's sizes).
+    budget = max(together / args.over, 3.0)
+    pids = [p.pid for _n, p in runs]
+    full = args.base_w + args.rank_w * len(pids)
+    online = {"ups.status": "OL", "battery.runtime": str(int(budget)), "ups.load": str(round(100 * full / args.ups_w))}
+    print(
+        f"\nthrough the chain: the emulated sentinel's mains pin cut, NUT's dummy-ups serving the model "
+        f"({int(budget)} s at {full:.0f} W of a {args.ups_w:.0f} W UPS, whole seconds), margin {args.margin:g} s"
+    )
+    verdict: list[str] = []
+    rows: dict[str, list[dict[str, Any]]] = {}
+    with nut.NutServer(where / "nut", {"hostups": online}) as server:
+        ups_cfg = {"nut": f"hostups@127.0.0.1:{server.port}", "poll_s": 0.2, "watts": args.ups_w}
+        rig = Rig(where / "rig", protect={}, bridge_extra={"ups": ups_cfg})
+        try:
+            rig.broker.start()
+            rig.write_configs()
+            rig.start_emulator()
+            for rnd, mode in ((r, m) for r in range(args.rounds) for m in args.chain_modes.split(",")):
+                settle(where, [n for n, _p in runs])
+                for n, _p in runs:
+                    asyncio.run(save_alone(where, n))
+                time.sleep(args.age)
+                got = chain_cut(rig, server, where, mode, budget, oracle, ceiling, args, pids)
+                rows.setdefault(mode, []).append(got)
+                lived = f" (model forecast {got['forecast']:.2f} s)" if got.get("forecast") is not None else ""
+                print(
+                    f"  round {rnd + 1} {mode:12s} rescue {got['opened_s']:.2f} s after the cut ({got['by']}; "
+                    f"the sentinel {_s(got['sentinel_s'])}, NUT {_s(got['nut_s'])}), deadline "
+                    f"{got['over_s']:+.2f} s from the UPS's end; verified {got['verified']} {got['which']}, "
+                    f"torn {got['torn']}, kept {got['kept_s']:.1f} s; the UPS lasted {got['lived']:.2f} s{lived}"
+                )
+        finally:
+            rig.close()
+    med = {
+        m: {k: statistics.median(r[k] for r in rs) for k in ("verified", "kept_s", "torn")} for m, rs in rows.items()
+    }
+    for m, v in med.items():
+        print(f"  median {m:12s} verified {v['verified']:.0f}, kept {v['kept_s']:.1f} s, torn {v['torn']:.0f}")
+    if {"plan", "oracle", "all at once"} <= set(med):
+        p, o, a = med["plan"], med["oracle"], med["all at once"]
+        verdict.append(
+            f"through the chain: plan/oracle {p['kept_s'] / o['kept_s'] if o['kept_s'] else float('nan'):.2f}, "
+            f"plan/all-at-once {p['kept_s'] / a['kept_s'] if a['kept_s'] else float('inf'):.2f}, "
+            f"torn: plan {p['torn']:.0f}, all at once {a['torn']:.0f}"
+        )
+    return verdict
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", default="600,400,250,150", help="the runs' state sizes, MB")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mb", default=None, help=f"the runs' state sizes, MB ({IN_PROCESS_MB}; with --chain {CHAIN_MB})")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of the modes (3; with --chain 2)")
     ap.add_argument("--over", type=float, default=1.7, help="the states' save time, all at once, over the budget")
     ap.add_argument("--age", type=float, default=8.0, help="seconds the runs train between their save and the cut")
     ap.add_argument("--dir", default=None, help="where the runs write (default: a temp dir on /var/tmp)")
     ap.add_argument("--base-w", type=float, default=200.0, help="the box's own draw, W (plan + shed's UPS)")
     ap.add_argument("--rank-w", type=float, default=300.0, help="a run's draw while it trains, W")
-    args = parse(ap, mb="24,16,8", rounds=1, age=0.0)
+    ap.add_argument("--chain", action="store_true", help="cut through the sentinel, NUT and a bridge (below)")
+    ap.add_argument("--chain-modes", default=",".join(MODES), help="the modes --chain runs, in order")
+    ap.add_argument("--ups-w", type=float, default=2000.0, help="--chain: the UPS's rated watts ([ups] watts)")
+    ap.add_argument("--margin", type=float, default=1.0, help="--chain: [protect] margin, s")
+    args = parse(ap, mb="24,16,8", rounds=1, age=0.0, chain_modes="plan + shed")
     logging.getLogger("holdover").setLevel(logging.ERROR)  # the rescue's own lines: the rows say it
-    sizes = [int(x) for x in args.mb.split(",")]
+    sizes = [int(x) for x in (args.mb or (CHAIN_MB if args.chain else IN_PROCESS_MB)).split(",")]
+    args.rounds = args.rounds or (2 if args.chain else 3)
     where = Path(args.dir or tempfile.mkdtemp(prefix="holdover-rescue-plan-", dir="/var/tmp"))
     runs = start_runs(where, sizes)
     names = [n for n, _p in runs]
@@ -281,12 +469,13 @@ def main() -> int:
         )
         results: dict[str, dict[str, list[Any]]] = {}
         budget_of: dict[str, float] = {}
-        for label, over in (("do not fit", args.over), ("fit", 0.5)):
+        verdict = []
+        for label, over in (("do not fit", args.over), ("fit", 0.5)) if not args.chain or args.smoke else ():
             budget = together / over
             budget_of[label] = budget
             print(f"\n{label}: the states take {together:.2f} s at once; {budget:.2f} s to save in")
             for rnd in range(args.rounds):
-                for mode in ("all at once", "plan", "oracle", "plan + shed"):
+                for mode in MODES:
                     settle(where, names)
                     for n in names:  # every run about equally old at the cut, its measured save fresh
                         asyncio.run(save_alone(where, n))
@@ -303,8 +492,8 @@ def main() -> int:
                         f"  round {rnd + 1} {mode:12s} verified {got['verified']} {got['which']}, "
                         f"torn {got['torn']}, kept {got['kept_s']:.1f} s{lived}"
                     )
-        verdict = []
-        print("\nmedians:")
+        if results:
+            print("\nmedians:")
         for label, modes in results.items():
             med = {
                 m: {k: statistics.median(r[k] for r in rows) for k in ("verified", "kept_s", "torn")}
@@ -336,6 +525,8 @@ def main() -> int:
                     f"when they fit: plan verified {plan['verified']:.0f}, "
                     f"all at once {alls['verified']:.0f} (goal: equal)"
                 )
+        if args.chain or args.smoke:
+            verdict += chain(args, where, runs, oracle, together, ceiling)
         print("\nverdict: " + "; ".join(verdict))
     finally:
         for _n, p in runs:

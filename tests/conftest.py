@@ -3,7 +3,9 @@ share that is not a fixture is in support.py."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,14 @@ import pytest
 
 from holdover.lab.rig import Rig
 from support import Ntfy
+
+# The suite starts hundreds of Python processes (8 workers, bridges, trainees, benches). Where
+# PYTHONDONTWRITEBYTECODE is set (this machine sets it), each compiled the holdover modules it
+# imported again, and each worker rewrote pytest's plugins' asserts again (2.3 s of its 7 s start).
+# Compiled once instead, beside the sources, where git ignores them. The workers and every process
+# a test starts inherit this from the controller, which reads this file before starting them.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
