@@ -82,14 +82,14 @@ def test_install_service_writes_a_unit_systemd_analyze_accepts(tmp_path: Path) -
 
 def test_the_bridge_says_ready_pings_the_watchdog_and_says_stopping(tmp_path: Path) -> None:
     s = _notify_socket(tmp_path)
-    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1500000"}
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "3000000"}
     broker = Broker().start()
     cfg = _config(tmp_path, broker.port)
     bridge = subprocess.Popen([HOLDOVER, "bridge", "-c", str(cfg)], env=env, stderr=subprocess.DEVNULL)
     try:
         # Counted from READY: the bridge's start (imports) takes seconds of its own on a loaded machine.
         got = _messages(s, time.monotonic() + 30, stop=lambda m: m.get("READY") == "1")
-        got += _messages(s, time.monotonic() + 3)
+        got += _messages(s, time.monotonic() + 4)
         bridge.send_signal(signal.SIGTERM)
         bridge.wait(20)
         got += _messages(s, time.monotonic() + 1)
@@ -104,11 +104,11 @@ def test_the_bridge_says_ready_pings_the_watchdog_and_says_stopping(tmp_path: Pa
     # Counted from READY, as the bridge's start (imports, the broker link) may hold a ping up.
     at = next(t for t, m in got if m.get("READY") == "1")
     pings = [t for t, m in got if m.get("WATCHDOG") == "1" and t >= at]
-    assert len(pings) >= 4, got  # every 0.5 s (a third of 1.5 s) for 3 s after READY
+    assert len(pings) >= 3, got  # every 1 s (a third of 3 s) for 4 s after READY
     # Never a gap systemd would act on (the shipped unit's is 30 s). A third of it, not the whole,
-    # would be the cadence: on a loaded host (four test workers on two cores) one ping came
-    # 0.92 s after the one before.
-    assert max(b - a for a, b in itertools.pairwise(pings)) < 1.5
+    # is the cadence: on a loaded host (eight test workers on two cores) one ping came 0.92 s after
+    # the one before at a cadence of 0.5 s, and one 1.83 s after, past the 1.5 s this test once gave.
+    assert max(b - a for a, b in itertools.pairwise(pings)) < 3.0
     assert got[-1][1].get("STOPPING") == "1"
 
 
