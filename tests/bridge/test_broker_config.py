@@ -6,17 +6,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import subprocess
 import time
 import tomllib
 from pathlib import Path
 
+import pytest
 import tomli_w
 
 from holdover.bridge import Bridge, BridgeThread
 from holdover.bridge import broker_config as bc
 from holdover.firmware import protocol
-from holdover.lab.broker import Broker
+from holdover.lab.broker import Broker, BrokerError
 from holdover.settings import Settings
 from support import HOLDOVER, Mqtt5, wait_for
 
@@ -224,3 +226,25 @@ def test_a_node_speaks_only_for_itself_and_presses_no_button(tmp_path: Path, sit
             finally:
                 bt.stop()
         assert "is [failover] node the name `holdover broker-config --node` made this login for?" in caplog.text
+
+
+def test_the_labs_broker_never_answers_for_a_port_another_process_took(tmp_path: Path, monkeypatch) -> None:
+    """free_port() lets its port go before mosquitto binds it; under a parallel run another process
+    may bind it first. A connect alone then met that process, and a rig's bridge and sentinel talked
+    to it and heard nothing ("no 'boot' within 30s; saw []", once at the end of a fresh clone's run)."""
+    from holdover.lab import broker as lab_broker
+
+    squatter = socket.create_server(("127.0.0.1", 0))
+    taken = squatter.getsockname()[1]
+    with squatter:
+        ports = iter([taken])  # free_port() hands out the port the squatter then bound
+        real = lab_broker.free_port
+        monkeypatch.setattr(lab_broker, "free_port", lambda host="127.0.0.1": next(ports, None) or real(host))
+        with Broker(workdir=tmp_path / "chosen") as b:
+            assert b.port != taken and f"listener {b.port} " in b.conf.read_text()
+            client = Mqtt5(b.port, None, None)  # a real MQTT broker answers there: ours
+            assert client.connack is not None and client.connack.value == 0, client.connack
+            client.close()
+        # A port the user gave is never moved: its clients were told it.
+        with pytest.raises(BrokerError, match="in use"):
+            Broker(port=taken, workdir=tmp_path / "given").start()

@@ -6,6 +6,7 @@ a directory of its own, so it can be stopped and started again on the same port.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -14,6 +15,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from holdover import proc
 from holdover.bridge.broker_config import NODELAY
@@ -39,24 +42,13 @@ def mosquitto_binary() -> str:
     raise BrokerError(INSTALL_HINT)
 
 
-def wait_port(host: str, port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise BrokerError(f"nothing listening on {host}:{port} after {timeout:.0f}s") from None
-            time.sleep(0.02)
-
-
 class Broker:
     def __init__(
         self, port: int | None = None, workdir: Path | None = None, extra_conf: str = "", auth: str = ""
     ) -> None:
         """`auth`: the lines that replace anonymous access (broker_config.auth: passwords and an ACL)."""
         self.host = "127.0.0.1"
+        self._chosen = port is None  # free_port()'s: another may be taken if someone took this one
         self.port = port or free_port()
         self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="holdover-mosquitto-"))
@@ -64,16 +56,18 @@ class Broker:
         self.conf = self.dir / "mosquitto.conf"
         self.log = self.dir / "mosquitto.log"
         self.store = self._store()
-        lines = [
-            f"listener {self.port} {self.host}\n",
+        self._rest = [
             NODELAY,  # as `holdover broker-config` writes it for a site
             auth or "allow_anonymous true\n",
             f"persistence true\npersistence_location {self.store}/\n",
             "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n",
             extra_conf,
         ]
-        self.conf.write_text("".join(lines))
+        self._write_conf()
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _write_conf(self) -> None:
+        self.conf.write_text("".join([f"listener {self.port} {self.host}\n", *self._rest]))
 
     @staticmethod
     def _store() -> Path:
@@ -91,14 +85,38 @@ class Broker:
 
     def start(self) -> Broker:
         binary = mosquitto_binary()
-        with self.log.open("ab") as logf:
-            self.proc = proc.spawn([binary, "-c", str(self.conf)], stdout=logf, stderr=logf)
-        try:
-            wait_port(self.host, self.port, 10)
-        except BrokerError:
+        attempt = 0
+        while True:
+            logged = self.log.stat().st_size if self.log.exists() else 0
+            with self.log.open("ab") as logf:
+                self.proc = proc.spawn([binary, "-c", str(self.conf)], stdout=logf, stderr=logf)
+            if self._listening(10):
+                self._chosen = False  # its clients know this port now: a restart keeps it
+                return self
             self.stop()
-            raise BrokerError(f"mosquitto did not start; its log:\n{self.log.read_text()[-2000:]}") from None
-        return self
+            said = self.log.read_bytes()[logged:].decode(errors="replace")
+            # free_port() let its port go, and under a parallel run another process may bind it
+            # first: then a connect alone met that process, and the bridge and the sentinel talked
+            # to it, hearing nothing. Only that is retried, on a fresh port, before anyone uses it.
+            if not (self._chosen and "in use" in said and attempt < 2):
+                raise BrokerError(f"mosquitto did not start; its log:\n{said[-2000:]}")
+            self.port = free_port()
+            self._write_conf()
+            attempt += 1
+
+    def _listening(self, timeout: float) -> bool:
+        """Our mosquitto listening on the port (not merely someone), or False once it has exited."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            with contextlib.suppress(psutil.Error):
+                for c in psutil.Process(self.proc.pid).net_connections("tcp"):
+                    if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port:
+                        return True
+            time.sleep(0.02)
+        return False
 
     def stop(self, forget: bool = False) -> None:
         """Stop it; `forget` also drops what it saved, as a broker without persistence (Mosquitto's
