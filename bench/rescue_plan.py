@@ -225,7 +225,18 @@ def protect(where: Path, mode: str, ceiling: float, rank_w: float, margin: float
     }
 
 
-def prepare(where: Path, mode: str, budget: float, oracle: dict[str, float], ceiling: float, load: Load, margin: float):
+def aged(where: Path, names: list[str], age: float) -> None:
+    """Before a cut: every run idle, saved once alone (the measured save the plan reads, fresh), then
+    trained `age` seconds, so each cut finds them about equally old."""
+    settle(where, names)
+    for n in names:
+        asyncio.run(save_alone(where, n))
+    time.sleep(age)
+
+
+def prepare(
+    where: Path, mode: str, budget: float, oracle: dict[str, float], ceiling: float, load: Load, margin: float
+) -> tuple[float | None, dict[str, float]]:
     """Before a cut: the oracle's registrations, the model's forecast with shedding, each run's age."""
     if mode == "oracle":
         for name, took in oracle.items():  # every save's true time known in advance: the plan reads these
@@ -400,14 +411,9 @@ def chain(
         ups_cfg = {"nut": f"hostups@127.0.0.1:{server.port}", "poll_s": 0.2, "watts": args.ups_w}
         rig = Rig(where / "rig", protect={}, bridge_extra={"ups": ups_cfg})
         try:
-            rig.broker.start()
-            rig.write_configs()
-            rig.start_emulator()
+            rig.start(bridge=False)  # each mode starts its own (chain_cut)
             for rnd, mode in ((r, m) for r in range(args.rounds) for m in args.chain_modes.split(",")):
-                settle(where, [n for n, _p in runs])
-                for n, _p in runs:
-                    asyncio.run(save_alone(where, n))
-                time.sleep(args.age)
+                aged(where, [n for n, _p in runs], args.age)
                 got = chain_cut(rig, server, where, mode, budget, oracle, ceiling, args, pids)
                 rows.setdefault(mode, []).append(got)
                 lived = f" (model forecast {got['forecast']:.2f} s)" if got.get("forecast") is not None else ""
@@ -476,10 +482,7 @@ def main() -> int:
             print(f"\n{label}: the states take {together:.2f} s at once; {budget:.2f} s to save in")
             for rnd in range(args.rounds):
                 for mode in MODES:
-                    settle(where, names)
-                    for n in names:  # every run about equally old at the cut, its measured save fresh
-                        asyncio.run(save_alone(where, n))
-                    time.sleep(args.age)
+                    aged(where, names, args.age)
                     got = cut(where, mode, budget, oracle, ceiling, (args.base_w, args.rank_w, pids))
                     row = results.setdefault(label, {}).setdefault(mode, [])
                     row.append(got)

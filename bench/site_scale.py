@@ -186,6 +186,14 @@ def saved(journal: Path, since: int, jobs: set[str]) -> list[Any] | None:
     return new if {e.data["job"] for e in new} >= jobs else None
 
 
+def running_again(lab: SlurmLab, jobs: dict[str, list[str]]) -> None:
+    wait(
+        "every job running again",
+        lambda: len(lab.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").split()) == len(jobs),
+        30,
+    )
+
+
 def bridge(config: Path, cfg: dict[str, Any], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     config.write_text(tomli_w.dumps(cfg))
     return subprocess.Popen(
@@ -323,11 +331,7 @@ def site(n: int, work: Path, cuts: int) -> dict[str, Any]:
                 back = events(journal, "slurm_resumed")[-1]
                 out["resumed"].append(back.rx_ts - t1)
                 out["not_resumed"] += len(cut_jobs - set(back.data.get("jobs") or []))
-                wait(
-                    "every job running again",
-                    lambda: len(lab.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").split()) == len(jobs),
-                    30,
-                )
+                running_again(lab, jobs)
                 wait("nothing drained", lambda: all("drain" not in s for s, _ in lab.states().values()), 30)
                 time.sleep(1.0)  # the last messages of the cut
                 quiet_since, seen = time.monotonic(), len(receiver.got)
@@ -410,11 +414,7 @@ def both(rig: Rig, quiet: dict[str, str], lab: SlurmLab, jobs: dict[str, list[st
         got["resumed"] = max(e.rx_ts for e in back) - t1 if both_back else float("nan")
         got["not_resumed"] = len(set(jobs) - {j for e in back for j in e.data.get("jobs") or []})
         got["commands"] = len(calls(log, t0, time.time()))
-        wait(
-            "every job running again",
-            lambda: len(lab.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").split()) == len(jobs),
-            30,
-        )
+        running_again(lab, jobs)
         return got
     finally:
         board.close()

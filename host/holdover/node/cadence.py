@@ -48,6 +48,11 @@ def left_out(p: plan.Plan) -> dict[str, str]:
     return {r.name: why.split(":")[0] for r, why in p.cannot}
 
 
+def slowest(bounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of a run's ranks' bounds, the one whose save takes longest: what the run as a whole keeps."""
+    return max(bounds, key=lambda b: b.get("save_s") or 0.0)
+
+
 def sentence(name: str, answer: dict[str, Any], why: str) -> str:
     """What a bound means for a run, from the Guard's own answer (its save and step times)."""
     bound, every, save = answer.get("max_loss_s"), answer.get("every_s"), answer.get("save_s") or 0.0

@@ -188,9 +188,9 @@ class Doctor:
                 said.append(f"{run} does not hold the bound yet (the bridge tells it within {Cadence.EVERY_S:.0f} s)")
                 status = FAIL if status == FAIL else WARN
                 continue
-            slowest = max(held, key=lambda b: b.get("save_s") or 0.0)  # type: ignore[union-attr]
-            said.append(cadence.sentence(run, slowest, why))  # type: ignore[arg-type]
-            if not slowest.get("meets"):  # type: ignore[union-attr]
+            slowest = cadence.slowest([b for b in held if b is not None])
+            said.append(cadence.sentence(run, slowest, why))
+            if not slowest.get("meets"):
                 status = FAIL
         fix = {
             PASS: "",

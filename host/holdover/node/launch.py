@@ -23,7 +23,7 @@ from typing import Any
 from holdover import proc
 from holdover.errors import FAILED, USAGE, HoldoverError
 from holdover.files import write_atomic
-from holdover.node import tmux
+from holdover.node import cadence, tmux
 from holdover.train import ckpt, job, registry
 
 SESSION_PREFIX = "holdover-"
@@ -297,8 +297,8 @@ def recover(registry_dir: Path | None = None, everything: bool = False) -> list[
         run = runs.setdefault(r.name, {"name": r.name, "argv": r.argv, "cwd": r.cwd, "session": r.tmux, "log": None})
         run.update(pid=r.pid, ckpt_dir=r.ckpt_dir or run.get("ckpt_dir"), session=r.tmux or run.get("session"))
         run["job"] = r.job
-        if r.bound is not None:  # the loss bound the bridge set (node/cadence.py); the slowest rank's save
-            run["bound"] = max((run.get("bound") or {}, r.bound), key=lambda b: b.get("save_s") or 0.0)
+        if r.bound is not None:  # the loss bound the bridge set (node/cadence.py), as its slowest rank keeps it
+            run["bound"] = cadence.slowest([b for b in (run.get("bound"), r.bound) if b is not None])
         if r.world > 1:
             run["world"] = r.world
             alive = registry.pid_alive(r.pid)
