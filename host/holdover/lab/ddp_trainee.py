@@ -52,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's collective timeout, s")
     ap.add_argument("--width", type=int, default=64, help="the model's width (its state: 12 x width^2 bytes)")
     args = ap.parse_args(argv)
+    if "OMP_NUM_THREADS" not in os.environ:
+        # The lab's nodes are one machine's cores, and the model is 64 wide: torch's default of an
+        # OpenMP thread a core left the spare one spinning after every op (1.8 CPU-s in 10 s of
+        # training against 0.5 s), on cores the other node's rank needs. torchrun sets the same
+        # itself when it starts more than one process a node.
+        torch.set_num_threads(1)
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
     save_at = _asks(args.save_at, rank)
     world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
