@@ -79,8 +79,12 @@ def test_a_flicker_shorter_than_the_debounce_is_a_dip_with_its_length(rig_factor
         assert low <= dip.info["data"]["last_pulse_ms"] <= cut + COUNT_MS + slack, (dip.info["data"], cut, held_up)
         lengths.append(dip.info["data"]["dip_ms"])
         time.sleep(0.3)
-    assert rig.count("mains_lost") == 0 and rig.count("mains_suspect") == 2, lengths
-    assert rig.board_state()["dips"] == 2
+    # Seen once in a full run with a profiler beside it: a third suspicion (on the counter). What
+    # each said, and the board's stalls, are what would tell a starved emulator from a bad watch.
+    suspects = [s.info["data"] for s in rig.seen if s.what == "mains_suspect"]
+    state = rig.board_state()
+    assert rig.count("mains_lost") == 0 and len(suspects) == 2, (lengths, suspects, state)
+    assert state["dips"] == 2
 
 
 @pytest.mark.parametrize(("counter", "ghost_us"), [(True, 2), (True, 50), (False, 2)])

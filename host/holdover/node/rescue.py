@@ -179,9 +179,15 @@ class Rescuer:
         self._critical[rid] = critical
         task = asyncio.get_running_loop().create_task(self._rescue(rid))
         self._active[rid] = task
-        task.add_done_callback(lambda _t, r=rid: self._active.pop(r, None))
+        task.add_done_callback(lambda _t, r=rid: self._ended(r))
         follow = asyncio.get_running_loop().create_task(self._follow_runtime(rid))
         task.add_done_callback(lambda _t: follow.cancel())
+
+    def _ended(self, rid: int) -> None:
+        """What a rescue kept goes with it: a bridge runs for months, through a cut a day."""
+        self._active.pop(rid, None)
+        for kept in (self._deadline, self._critical, self._cut_at):
+            kept.pop(rid, None)
 
     async def _follow_runtime(self, rid: int) -> None:
         """Re-read the UPS while saving: a runtime that falls faster than expected pulls the deadline in."""
@@ -190,6 +196,8 @@ class Rescuer:
             self._reread(rid)
 
     def _reread(self, rid: int) -> None:
+        if rid not in self._deadline:
+            return  # the rescue ended; its follower is being cancelled
         rt = self.runtime(self.s.runtime_default)
         if not rt.read:
             return
