@@ -268,5 +268,12 @@ class Rig:
                         return s
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"no {what!r} within {timeout}s; saw {[x.what for x in self.seen[-10:]]}")
+                    # What the board said last: "saw []" alone (seen twice under the full suite, its
+                    # control port up, never on the broker) cannot tell a board stuck joining the
+                    # network from one that never booted.
+                    said = [line[:200] for line in self.lines[-8:]]
+                    raise TimeoutError(
+                        f"no {what!r} within {timeout}s; saw {[x.what for x in self.seen[-10:]]}; "
+                        f"the board's last lines: {said}"
+                    )
                 self._cv.wait(left)
