@@ -3,6 +3,7 @@ share that is not a fixture is in support.py."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -27,6 +28,14 @@ sys.dont_write_bytecode = False
 # with one, and the suite took 4:59 against 4:28. The tests' models are tiny; nothing here measures
 # torch's own parallel speed (the benches' figures are measured outside the suite).
 os.environ["OMP_NUM_THREADS"] = "1"
+# Where runs register when nothing names a place: as root, the machine's own /run/holdover/targets.
+# A test's bridge with no registry configured read it, and on a cut asked whatever was there: a
+# registration left by a killed run, whose pid a test worker later had, ended that worker with
+# SIGUSR2. On a real GPU box it would have asked the owner's runs. Each process of the suite (each
+# worker, and what it starts) gets a directory of its own instead.
+_registry = tempfile.mkdtemp(prefix=f"holdover-suite-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-registry-")
+os.environ["HOLDOVER_REGISTRY"] = _registry
+atexit.register(shutil.rmtree, _registry, True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

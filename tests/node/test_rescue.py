@@ -277,6 +277,32 @@ def test_registrations_that_are_garbage_or_stale_are_reported(tmp_path: Path) ->
     assert json.loads((reg / "gone.json").read_text())["pid"] == dead.pid
 
 
+def test_a_registration_whose_pid_went_to_another_process_is_stale(tmp_path: Path) -> None:
+    """A run killed without closing leaves its file; its pid, given later to another process, is not
+    the run: asked to save by SIGUSR2, that process would die of it (a test worker did)."""
+    from holdover.node.targets import discover
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        reg = tmp_path / "reg"
+        reg.mkdir()
+        started = registry.proc_start(other.pid)
+        assert started is not None
+        args = ("", "", 12, [], "/", time.time())
+        registry.write_registration(reg, registry.Registration("reused", other.pid, *args, proc_start=started - 1))
+        # Written by an older holdover (no start recorded): trusted, as before.
+        registry.write_registration(reg, registry.Registration("older", other.pid, *args))
+        targets, problems = discover(_settings(tmp_path))
+        assert [t.name for t in targets] == ["older"], targets
+        assert any("reused" in p and "another process" in p for p in problems), problems
+        registry.write_registration(reg, registry.Registration("reused", other.pid, *args, proc_start=started))
+        (reg / "older.json").unlink()
+        assert [t.name for t in discover(_settings(tmp_path))[0]] == ["reused"]
+    finally:
+        other.kill()
+        other.wait()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_save_that_hits_a_full_disk_alerts_and_falls_back_leaving_the_old_checkpoint(tmp_path: Path) -> None:
     mnt = tmp_path / "small"

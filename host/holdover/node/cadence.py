@@ -116,7 +116,7 @@ class Cadence:
         """One round: each run told what it should hold, where its ranks hold something else; the
         sentences said this round, by run."""
         regs, _problems = registry.read_registrations(registry_dir(self.protect))
-        live = [r for r in regs if registry.pid_alive(r.pid)]
+        live = [r for r in regs if r.alive()]
         out = left_out(plan.for_node(self.protect, self.runtime(self.protect.runtime_default), regs=live))
         if self.rescuing():
             out = dict.fromkeys(out, RESCUING)

@@ -301,7 +301,7 @@ def recover(registry_dir: Path | None = None, everything: bool = False) -> list[
             run["bound"] = cadence.slowest([b for b in (run.get("bound"), r.bound) if b is not None])
         if r.world > 1:
             run["world"] = r.world
-            alive = registry.pid_alive(r.pid)
+            alive = r.alive()
             run.setdefault("ranks", []).insert(0, {"rank": r.rank, "pid": r.pid, "alive": alive})
             if r.ckpt_dir:
                 run["job_root"] = str(Path(r.ckpt_dir).parent)

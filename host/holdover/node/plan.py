@@ -162,7 +162,7 @@ def for_node(
     runtime the rescue would take."""
     if regs is None:
         found, _problems = registry.read_registrations(registry_dir(protect))
-        regs = [r for r in found if registry.pid_alive(r.pid)]
+        regs = [r for r in found if r.alive()]
     ceiling = protect.disk_mb_s * 1e6 or None
     p = plan(costs(regs, now), rt.seconds, rt.said, rt.guess, protect.margin, protect.grace, ceiling)
     p.load_w, p.rank_w, p.shed = rt.load_w, protect.rank_watts, protect.shed

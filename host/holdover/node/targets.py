@@ -41,8 +41,8 @@ def discover(settings: ProtectSettings) -> tuple[list[Target], list[str]]:
     regs, problems = registry.read_registrations(registry_dir(settings))
     found: dict[int, Target] = {}
     for r in regs:
-        if not registry.pid_alive(r.pid):
-            problems.append(f"registration {r.name} names pid {r.pid}, which is gone (stale)")
+        if not r.alive():
+            problems.append(f"registration {r.name} names pid {r.pid}, which is gone or now another process (stale)")
             continue
         label = r.name if r.rank == 0 else f"{r.name}.rank{r.rank}"
         found[r.pid] = Target(label, r.pid, "registration", r.socket or None, r.ckpt_dir, r.signal or 0, r)

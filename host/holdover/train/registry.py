@@ -81,6 +81,19 @@ class Registration:
     extra: dict[str, Any] = field(default_factory=dict)
     job: str | None = None  # the Slurm job it runs in (SLURM_JOB_ID), for the cluster's bridge
     bound: dict[str, Any] | None = None  # the loss bound it holds (LossBound.as_dict), when the bridge set one
+    # When its process started, in the kernel's ticks since boot (/proc/PID/stat): what tells the run
+    # from a later process given the same pid. Not wall time, which a clock step moves.
+    proc_start: int | None = None
+
+    def alive(self) -> bool:
+        """Its process still runs: the pid is alive and is the process that registered. A run killed
+        without closing (SIGKILL, the OOM killer) leaves its file behind, and its pid goes to some
+        later process, which a rescue would then signal, and SIGUSR2's default action ends it (seen:
+        a test worker given a stale registration's pid, ended by a test bridge's rescue)."""
+        if not pid_alive(self.pid):
+            return False
+        now = proc_start(self.pid)
+        return self.proc_start is None or now is None or now == self.proc_start
 
     @classmethod
     def of_this_process(cls, name: str, ckpt_dir: Path, signal: int, rank: int, world: int) -> Registration:
@@ -95,6 +108,7 @@ class Registration:
             argv=[sys.executable, *sys.argv],
             cwd=os.getcwd(),
             started=time.time(),
+            proc_start=proc_start(os.getpid()),
             tmux=os.environ.get("HOLDOVER_TMUX_SESSION"),
             rank=rank,
             world=world,
@@ -164,6 +178,14 @@ def pid_alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     return True
+
+
+def proc_start(pid: int) -> int | None:
+    """When the process started, in ticks since boot; None where /proc cannot say."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def encode(msg: dict[str, Any]) -> bytes:
