@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -28,6 +29,11 @@ sys.dont_write_bytecode = False
 # with one, and the suite took 4:59 against 4:28. The tests' models are tiny; nothing here measures
 # torch's own parallel speed (the benches' figures are measured outside the suite).
 os.environ["OMP_NUM_THREADS"] = "1"
+# A suite started in the background (`make test &`, nohup) inherits SIGINT ignored, and so would every
+# demo a test interrupts with Ctrl-C: two tests failed only that way. A handler here is reset to the
+# default in each child at exec, where an ignored signal stays ignored.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Where runs register when nothing names a place: as root, the machine's own /run/holdover/targets.
 # A test's bridge with no registry configured read it, and on a cut asked whatever was there: a
 # registration left by a killed run, whose pid a test worker later had, ended that worker with
