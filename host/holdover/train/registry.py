@@ -174,17 +174,25 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie answers kill(0) but will never save anything.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
+    stat = proc_stat(pid)
+    return stat is None or stat[0] != "Z"
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the state on (field 3; the command name before it may hold
+    spaces and parentheses); None where /proc cannot say."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def proc_start(pid: int) -> int | None:
-    """When the process started, in ticks since boot; None where /proc cannot say."""
+    """When the process started, in ticks since boot (field 22); None where /proc cannot say."""
+    stat = proc_stat(pid)
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return None if stat is None else int(stat[19])
+    except (IndexError, ValueError):
         return None
 
 
